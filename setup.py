@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="ssmhub",
+    version="0.1.0",
+    description="Linear-recurrent and long-convolution sequence models (DLR, H3, SeRpEnt, block-diagonal LRNN) "
+    "as first-class Hugging Face transformers models",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    python_requires=">=3.10",
+    install_requires=[
+        # install torch first (the CPU wheel) so that this range does not pull a multi-GB CUDA build
+        "torch>=2.4",
+        "transformers>=5.0,<6",
+        "accelerate>=1.0",
+        "datasets>=3.0",
+        "tokenizers>=0.20",
+        "evaluate>=0.4",
+        "huggingface-hub>=1.0",
+        "safetensors>=0.4",
+    ],
+    extras_require={"dev": ["pytest>=8", "pytest-timeout", "ruff>=0.6"]},
+    entry_points={"console_scripts": ["ssmhub-demo=ssmhub.demo:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

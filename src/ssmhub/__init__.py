@@ -1,0 +1,25 @@
+"""ssmhub: linear-recurrent and long-convolution sequence models as first-class transformers models.
+
+``import ssmhub`` registers every family with transformers' Auto classes.
+"""
+
+from .cache import RecurrentCache
+from .models import (
+    DLRConfig,
+    DLRForCausalLM,
+    DLRForSequenceClassification,
+    DLRModel,
+    DLRPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DLRConfig",
+    "DLRForCausalLM",
+    "DLRForSequenceClassification",
+    "DLRModel",
+    "DLRPreTrainedModel",
+    "RecurrentCache",
+    "__version__",
+]

@@ -1,0 +1,9 @@
+"""Token mixers (nn.Modules built on ops), one file per mixer, all following one protocol.
+
+``forward(x, mask=None, state=None, return_state=False) -> (y, new_state)`` on (B, L, D) inputs,
+``step(x_t, state) -> (y_t, new_state)`` in O(1) time per token, ``init_state(batch_size, device, dtype)``.
+"""
+
+from .dlr import DLRMixer
+
+__all__ = ["DLRMixer"]

@@ -1,0 +1,233 @@
+"""The DLR layer, seed paper §2.3 (arXiv 2212.00768), as a token mixer.
+
+On an input ``u ∈ R^{B×L×H}``:
+
+1. ``y = conv(u, K)``, ``K_h = Re(W_h P)`` (or DLR-prod ``Re·Im``), causal (Eq. 4) or
+   bidirectional (Eq. 6);
+2. ``y = y + u`` ("a residual connection from u to y"; ``skip_connection="learned"`` uses the
+   S4/DSS codebase's ``y + D ⊙ u`` instead);
+3. GELU, then dropout;
+4. ``W_out``, a position-wise linear map H→H (``use_glu``: H→2H followed by a GLU, the variant
+   used for the paper's Tables 3 and 4).
+
+Decoding uses the recurrence ``x_k = Λ x_{k-1} + u_k`` (Eq. 1) in :meth:`DLRMixer.step`, whose output
+equals the convolution's. A forward pass handed a state continues from it and can return the state
+after its last token, so a prefill hands over to step-by-step decoding.
+
+Bidirectional layers (Eq. 5) sum a forward DLR on u and a backward DLR on reversed u. Figure 4 shares
+one Λ between the directions with ``W ∈ C^{2H×N}``; Eq. 5 gives each direction its own Λ. Both are
+available (``bidirectional_shared_lambda``), Figure 4 by default. Bidirectional layers cannot be
+stepped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.dlr import dlr_init, dlr_kernel, dlr_scan, dlr_step, kronecker_dlr
+from ..ops.fftconv import fft_conv
+
+__all__ = ["DLRMixer"]
+
+KERNEL_TYPES = ("real", "prod")
+SKIP_CONNECTIONS = ("identity", "learned")
+
+
+class DLRParameters(nn.Module):
+    """The recurrence parameters of one DLR layer; kept in float32 and out of weight decay.
+
+    ``log_lambda_re``, ``log_lambda_im``: (D, N), D = 2 only for a bidirectional layer with a Λ per
+    direction; ``weight``: (directions·H, N, 2), the real and imaginary parts of W (stored as reals,
+    Figure 4); ``skip``: (H,) the learned ``D`` of ``skip_connection="learned"``.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        state_size: int,
+        num_lambdas: int,
+        num_directions: int,
+        learned_skip: bool,
+        dt_min: float,
+        dt_max: float,
+        weight_std: float | None,
+    ):
+        super().__init__()
+        self.hidden_size, self.state_size = hidden_size, state_size
+        self.dt_min, self.dt_max, self.weight_std = dt_min, dt_max, weight_std
+        self.log_lambda_re = nn.Parameter(torch.empty(num_lambdas, state_size))
+        self.log_lambda_im = nn.Parameter(torch.empty(num_lambdas, state_size))
+        self.weight = nn.Parameter(torch.empty(num_directions * hidden_size, state_size, 2))
+        self.skip = nn.Parameter(torch.empty(hidden_size)) if learned_skip else None
+        with torch.no_grad():
+            for name, value in self.initial_parameter_values().items():
+                self.get_parameter(name).copy_(value)
+
+    def initial_parameter_values(self, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Fresh §2.3 values of every parameter, keyed by name (see :func:`ssmhub.ops.dlr.dlr_init`)."""
+        values = dlr_init(
+            self.state_size,
+            self.weight.shape[0],
+            self.dt_min,
+            self.dt_max,
+            num_lambdas=self.log_lambda_re.shape[0],
+            weight_std=self.weight_std,
+            generator=generator,
+        )
+        if self.skip is not None:
+            values["skip"] = torch.ones(self.hidden_size)  # y + D⊙u starts as the paper's y + u
+        return values
+
+
+class DLRMixer(nn.Module):
+    """DLR token mixer following the ssmhub mixer protocol (``forward``, ``step``, ``init_state``).
+
+    Args:
+        hidden_size: H, the number of channels.
+        state_size: N, the number of complex states (and of Λ's eigenvalues) per layer.
+        kernel_type: ``"real"`` (DLR, ``Re K``) or ``"prod"`` (DLR-prod, ``Re K · Im K``, which
+            decodes with N² states per channel).
+        bidirectional: Eq. 5/6 instead of the causal Eq. 4.
+        bidirectional_shared_lambda: one Λ for both directions (Figure 4) or one each (Eq. 5).
+        skip_connection: ``"identity"`` (the paper's ``y + u``) or ``"learned"`` (``y + D ⊙ u``).
+        use_glu: output map H→2H followed by a GLU instead of H→H.
+        dropout: per-element dropout after the activation.
+        dt_min, dt_max: the range of ``e^r`` in the §2.3 initialization of ``logΛ_re``.
+        weight_std: std of Re W and Im W at initialization (default ``1/N``, §2.3).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        state_size: int,
+        kernel_type: str = "real",
+        bidirectional: bool = False,
+        bidirectional_shared_lambda: bool = True,
+        skip_connection: str = "identity",
+        use_glu: bool = False,
+        dropout: float = 0.0,
+        dt_min: float = 5e-4,
+        dt_max: float = 0.5,
+        weight_std: float | None = None,
+    ):
+        super().__init__()
+        if kernel_type not in KERNEL_TYPES:
+            raise ValueError(f"kernel_type must be one of {KERNEL_TYPES}; got {kernel_type!r}")
+        if skip_connection not in SKIP_CONNECTIONS:
+            raise ValueError(f"skip_connection must be one of {SKIP_CONNECTIONS}; got {skip_connection!r}")
+        self.hidden_size = hidden_size
+        self.state_size = state_size
+        self.kernel_type = kernel_type
+        self.bidirectional = bidirectional
+        self.num_directions = 2 if bidirectional else 1
+        self.num_lambdas = 2 if bidirectional and not bidirectional_shared_lambda else 1
+        self.ssm = DLRParameters(
+            hidden_size,
+            state_size,
+            self.num_lambdas,
+            self.num_directions,
+            skip_connection == "learned",
+            dt_min,
+            dt_max,
+            weight_std,
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.output_linear = nn.Linear(hidden_size, 2 * hidden_size if use_glu else hidden_size)
+        self.use_glu = use_glu
+
+    # ----------------------------------------------------------------------------- parameters
+    def _modal_form(self, direction: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log|Λ|, arg Λ, w)`` of one direction: (N,), (N,), (H, N) complex, all float32."""
+        lam = min(direction, self.num_lambdas - 1)
+        w = self.ssm.weight[direction * self.hidden_size : (direction + 1) * self.hidden_size].float()
+        log_modulus = -self.ssm.log_lambda_re[lam].float() ** 2  # log|Λ| = -(logΛ_re)²
+        return log_modulus, self.ssm.log_lambda_im[lam].float(), torch.complex(w[..., 0], w[..., 1])
+
+    def _recurrence(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+        """The diagonal recurrence that decodes this layer: ``(log|Λ|, arg Λ, w, readout)``."""
+        log_modulus, phase, w = self._modal_form(0)
+        if self.kernel_type == "prod":
+            return (*kronecker_dlr(log_modulus, phase, w), "half_imag")
+        return log_modulus, phase, w, "real"
+
+    def kernel(self, length: int, direction: int = 0) -> torch.Tensor:
+        """The (H, length) float32 convolution kernel of one direction."""
+        lam = min(direction, self.num_lambdas - 1)
+        weight = self.ssm.weight[direction * self.hidden_size : (direction + 1) * self.hidden_size]
+        return dlr_kernel(self.ssm.log_lambda_re[lam], self.ssm.log_lambda_im[lam], weight, length, self.kernel_type)
+
+    # ----------------------------------------------------------------------------- state
+    @property
+    def recurrent_state_size(self) -> int:
+        return self.state_size**2 if self.kernel_type == "prod" else self.state_size
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Zero state ``x_{-1}``: complex64 (B, H, N) (N² for DLR-prod), whatever the model dtype."""
+        self._check_steppable()
+        shape = (batch_size, self.hidden_size, self.recurrent_state_size)
+        return {"dlr_state": torch.zeros(shape, dtype=torch.complex64, device=device)}
+
+    def _check_steppable(self) -> None:
+        if self.bidirectional:
+            raise ValueError("a bidirectional DLR layer sees future tokens: it has no recurrent state to step")
+
+    # ----------------------------------------------------------------------------- forward
+    def _output(self, u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Steps 2-4 of the layer on (B, L, H) tensors: skip, GELU, dropout, W_out (and GLU)."""
+        skip = u if self.ssm.skip is None else u * self.ssm.skip.to(u.dtype)
+        y = self.dropout(F.gelu(y.to(u.dtype) + skip))
+        y = self.output_linear(y)
+        return F.glu(y, dim=-1) if self.use_glu else y
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Mix a whole sequence.
+
+        Args:
+            x: (B, L, H). mask: (B, L), 1 for real tokens; masked inputs are zeroed so they add
+                nothing to any state. state: the layer's state after earlier tokens, or None.
+            return_state: return the state after the last token.
+
+        Returns: ``(y, new_state)`` with y (B, L, H) and new_state None unless asked for.
+        """
+        if mask is not None:
+            x = x * mask.unsqueeze(-1).to(x.dtype)
+        if state is not None or return_state:
+            self._check_steppable()
+            if state is not None and x.shape[1] == 1:
+                y_t, new_state = self.step(x[:, 0], state)
+                return y_t.unsqueeze(1), (new_state if return_state else None)
+        u = x.transpose(1, 2)  # (B, H, L)
+        seq_len = u.shape[-1]
+        if self.bidirectional:
+            backward = self.kernel(seq_len, direction=1)
+            y = fft_conv(u.float(), self.kernel(seq_len), backward)  # (B, H, L)
+            new_state = None
+        else:
+            log_modulus, phase, w, readout = self._recurrence()
+            y, final = dlr_scan(
+                u,
+                log_modulus,
+                phase,
+                w,
+                kernel=self.kernel(seq_len),
+                readout=readout,
+                initial_state=None if state is None else state["dlr_state"],
+                return_final_state=return_state,
+            )  # y: (B, H, L)
+            new_state = {"dlr_state": final} if return_state else None
+        return self._output(x, y.transpose(1, 2)), new_state
+
+    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token: x_t (B, H) and the state after the previous token -> (y_t (B, H), new state). O(H·N)."""
+        self._check_steppable()
+        log_modulus, phase, w, readout = self._recurrence()
+        y_t, new_state = dlr_step(x_t, state["dlr_state"], log_modulus, phase, w, readout)
+        return self._output(x_t.unsqueeze(1), y_t.unsqueeze(1))[:, 0], {"dlr_state": new_state}

@@ -1,0 +1,69 @@
+"""Configuration fields every ssmhub language model shares (the block stack, the heads)."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+__all__ = ["POOLINGS", "RecurrentLMConfig", "check_choice", "check_positive"]
+
+POOLINGS = ("max", "mean", "last")
+
+
+def check_positive(config, *names: str, allow_zero: bool = False) -> None:
+    """Raise a ValueError naming the first field of ``names`` that is not a positive number."""
+    for name in names:
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = "non-negative" if allow_zero else "positive"
+            raise ValueError(f"{type(config).__name__}.{name} must be {bound}; got {value}")
+
+
+def check_choice(config, name: str, choices: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``name`` when its value is not one of ``choices``."""
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{type(config).__name__}.{name} must be one of {choices}; got {value!r}")
+
+
+@strict
+class RecurrentLMConfig(PreTrainedConfig):
+    """Fields of the shared block stack; each family's config adds its mixer's fields.
+
+    Args:
+        vocab_size: size of the token vocabulary.
+        hidden_size: model width H.
+        num_hidden_layers: number of blocks.
+        intermediate_size: width of an optional position-wise MLP after each mixer (0: none, the
+            plain stack of mixers described in the DLR paper §2.3).
+        prenorm: ``x + f(LN(x))`` with a final LayerNorm (True) or post-norm ``LN(x + f(x))``.
+        layer_norm_epsilon: LayerNorm epsilon.
+        initializer_range: std of the normal init of embeddings and linear maps.
+        classifier_pooling: how sequence classification pools over positions: ``"max"`` (the DLR
+            paper's max-pool), ``"mean"`` or ``"last"`` (the last real token); padding is ignored.
+        recurrence_learning_rate: learning rate of the recurrence parameters in
+            ``optimizer_param_groups`` (None: the model's). DLR's PG-19 run used 2e-4 vs 1e-3.
+    """
+
+    vocab_size: int = 50257
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    intermediate_size: int = 0
+    prenorm: bool = True
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    classifier_pooling: str = "max"
+    recurrence_learning_rate: float | None = None
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def validate_stack(self):
+        check_positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "layer_norm_epsilon")
+        check_positive(self, "intermediate_size", "initializer_range", allow_zero=True)
+        check_positive(self, "recurrence_learning_rate")
+        check_choice(self, "classifier_pooling", POOLINGS)

@@ -1,0 +1,65 @@
+"""Checks on what a user hands a model, run before any computation, with errors that name the problem."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_model_inputs", "pool_hidden_states"]
+
+
+def check_model_inputs(
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    vocab_size: int,
+    hidden_size: int,
+    past_length: int,
+) -> None:
+    """Validate the inputs of a forward pass.
+
+    ``attention_mask`` may cover only the new tokens, or the tokens already in the cache plus the
+    new ones (what ``generate`` passes): its length must be L or ``past_length + L``.
+    """
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids and inputs_embeds")
+    if input_ids is not None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, sequence); got {tuple(input_ids.shape)}")
+        if input_ids.dtype.is_floating_point or input_ids.is_complex():
+            raise ValueError(f"input_ids must hold integer token ids; got dtype {input_ids.dtype}")
+        batch, length = input_ids.shape
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, sequence, {hidden_size}); got {tuple(inputs_embeds.shape)}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+    if batch == 0 or length == 0:
+        raise ValueError(f"the input is empty (batch {batch}, sequence length {length}); give at least one token")
+    if input_ids is not None:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary [0, {vocab_size})")
+    if attention_mask is not None:
+        allowed = {length, past_length + length}
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in allowed:
+            expected = " or ".join(f"({batch}, {n})" for n in sorted(allowed))
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected {expected}")
+
+
+def pool_hidden_states(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """Pool (B, L, H) hidden states to (B, H) over the real tokens of ``mask`` (B, L)."""
+    if mask is None:
+        mask = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+    mask = mask.bool()
+    if pooling == "max":
+        return hidden.masked_fill(~mask.unsqueeze(-1), torch.finfo(hidden.dtype).min).amax(dim=1)
+    if pooling == "mean":
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+    if pooling == "last":
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        last = torch.where(mask, positions, -1).amax(dim=1).clamp(min=0)  # (B,) index of the last real token
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"pooling must be 'max', 'mean' or 'last'; got {pooling!r}")

@@ -1,0 +1,340 @@
+"""Hugging Face model classes shared by every ssmhub family.
+
+A family supplies its config class and a ``build_mixer(config, layer_idx)`` that returns a token
+mixer following the ssmhub mixer protocol; everything else lives here once: the block stack,
+the recurrent cache plumbing, the causal LM and classification heads, weight init that never
+overwrites loaded weights, optimizer parameter groups and the remote-code bundle written by
+``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+
+from ..cache import RecurrentCache
+from .inputs import check_model_inputs, pool_hidden_states
+
+__all__ = [
+    "RecurrentBlock",
+    "RecurrentForCausalLM",
+    "RecurrentForSequenceClassification",
+    "RecurrentModel",
+    "RecurrentPreTrainedModel",
+]
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward map H -> intermediate -> H with a GELU."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.up_proj = nn.Linear(hidden_size, intermediate_size)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.gelu(self.up_proj(x)))
+
+
+class RecurrentBlock(GradientCheckpointingLayer):
+    """One residual block: a token mixer, then an optional MLP, each pre- or post-normed."""
+
+    def __init__(self, config, mixer: nn.Module):
+        super().__init__()
+        self.prenorm = config.prenorm
+        self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.mixer = mixer
+        self.mlp = MLP(config.hidden_size, config.intermediate_size) if config.intermediate_size else None
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if self.mlp else None
+
+    def forward(self, hidden_states, mask=None, state=None, return_state=False):
+        """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``)."""
+        if self.prenorm:
+            mixed, new_state = self.mixer(self.mixer_norm(hidden_states), mask, state, return_state)
+            hidden_states = hidden_states + mixed
+            if self.mlp is not None:
+                hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
+        else:
+            mixed, new_state = self.mixer(hidden_states, mask, state, return_state)
+            hidden_states = self.mixer_norm(hidden_states + mixed)
+            if self.mlp is not None:
+                hidden_states = self.mlp_norm(hidden_states + self.mlp(hidden_states))
+        return hidden_states, new_state
+
+
+class RecurrentPreTrainedModel(PreTrainedModel):
+    """Base of every ssmhub model. A family subclass sets ``config_class`` and ``build_mixer``.
+
+    Recurrence parameters live in a submodule named ``ssm`` inside each mixer: they stay float32
+    when a checkpoint is loaded in half precision, get no weight decay in
+    :meth:`optimizer_param_groups`, and are initialized from that submodule's
+    ``initial_parameter_values()`` through ``transformers.initialization``, which skips any
+    parameter that was just loaded from a checkpoint. (The hook must sit on the module that owns
+    the parameters: for custom code transformers skips modules without direct parameters.)
+    """
+
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    _is_stateful = True
+    _no_split_modules = ["RecurrentBlock"]
+    _keep_in_fp32_modules_strict = ["ssm"]
+
+    def build_mixer(self, config, layer_idx: int) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must define build_mixer(config, layer_idx)")
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if hasattr(module, "initial_parameter_values"):
+            for name, value in module.initial_parameter_values().items():
+                init.copy_(module.get_parameter(name), value)
+
+    def optimizer_param_groups(
+        self, weight_decay: float = 0.0, lr: float | None = None, recurrence_lr: float | None = None
+    ) -> list[dict]:
+        """Parameter groups for a torch optimizer.
+
+        Weight decay applies to the matrices of linear maps only; biases, norms, embeddings and the
+        recurrence parameters (``*.ssm.*``) get none. The recurrence parameters get their own
+        learning rate: ``recurrence_lr``, else ``config.recurrence_learning_rate``, else ``lr``.
+        """
+        decay, no_decay, recurrence = [], [], []
+        linear_weights = {
+            id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad
+        }
+        for name, param in self.named_parameters():
+            if not param.requires_grad:
+                continue
+            if ".ssm." in f".{name}":
+                recurrence.append(param)
+            elif id(param) in linear_weights:
+                decay.append(param)
+            else:
+                no_decay.append(param)
+        recurrence_lr = recurrence_lr if recurrence_lr is not None else self.config.recurrence_learning_rate
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+            {"params": recurrence, "weight_decay": 0.0},
+        ]
+        if lr is not None:
+            for group in groups:
+                group["lr"] = lr
+        if recurrence_lr is not None:
+            groups[2]["lr"] = recurrence_lr
+        return [g for g in groups if g["params"]]
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save weights (safetensors) and config, plus the model's code so that the folder loads
+        with ``trust_remote_code=True`` where ssmhub is not installed."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True) and __name__.startswith("ssmhub."):
+            from .remote_code import write_remote_code
+
+            write_remote_code(type(self), os.fspath(save_directory))
+
+
+class RecurrentModel(RecurrentPreTrainedModel):
+    """Embeddings, a stack of :class:`RecurrentBlock`, and a final LayerNorm (pre-norm models)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            RecurrentBlock(config, self.build_mixer(config, idx)) for idx in range(config.num_hidden_layers)
+        )
+        self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if config.prenorm else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: RecurrentCache | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        """Args follow transformers: ``past_key_values`` is a :class:`~ssmhub.cache.RecurrentCache`
+        whose state the forward continues from (and updates in place when ``use_cache``)."""
+        if past_key_values is not None and not isinstance(past_key_values, RecurrentCache):
+            raise ValueError(
+                f"past_key_values must be an ssmhub RecurrentCache (or None); got {type(past_key_values).__name__}"
+            )
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        check_model_inputs(
+            input_ids, inputs_embeds, attention_mask, self.config.vocab_size, self.config.hidden_size, past_length
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else False
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+
+        hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        seq_len = hidden_states.shape[1]
+        mask = attention_mask[:, -seq_len:] if attention_mask is not None else None  # (B, L) of the new tokens
+        if use_cache and past_key_values is None:
+            past_key_values = RecurrentCache(len(self.layers))
+
+        all_hidden_states = () if output_hidden_states else None
+        for idx, block in enumerate(self.layers):
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            state = past_key_values.get(idx) if past_key_values is not None else None
+            hidden_states, new_state = block(hidden_states, mask=mask, state=state, return_state=use_cache)
+            if use_cache:
+                past_key_values.update(idx, new_state)
+        if use_cache:
+            past_key_values.advance(seq_len)
+        if self.norm_f is not None:
+            hidden_states = self.norm_f(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        cache_out = past_key_values if use_cache else None
+        if not return_dict:
+            return tuple(v for v in (hidden_states, cache_out, all_hidden_states) if v is not None)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states, past_key_values=cache_out, hidden_states=all_hidden_states
+        )
+
+
+class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
+    """Language-model head (tied to the embeddings by default) over the family's backbone.
+
+    Decoding goes through the recurrent cache: ``generate`` feeds one token per step and each
+    mixer advances its state in O(1) time and memory. The cache is created by the first forward
+    (``_supports_default_dynamic_cache`` is False) and reordered for beam search.
+    """
+
+    backbone_class: type[RecurrentModel] = None
+    _tied_weights_keys = {"lm_head.weight": "backbone.embeddings.weight"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.backbone = self.backbone_class(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: RecurrentCache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        """``labels`` are the input ids (shifted inside the loss); ``-100`` is ignored. The loss goes
+        through ``self.loss_function`` so that Trainer's ``num_items_in_batch`` keeps gradient
+        accumulation exact."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.backbone(
+            input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, keep]).float()
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        if not return_dict:
+            output = (logits, outputs.past_key_values, outputs.hidden_states)
+            output = tuple(v for v in output if v is not None)
+            return (loss, *output) if loss is not None else output
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+        )
+
+
+class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
+    """Classification head over pooled hidden states (``config.classifier_pooling``), padding ignored."""
+
+    backbone_class: type[RecurrentModel] = None
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.backbone = self.backbone_class(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.backbone(
+            input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        pooled = pool_hidden_states(outputs.last_hidden_state, attention_mask, self.config.classifier_pooling)
+        logits = self.score(pooled).float()  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        if not return_dict:
+            output = tuple(v for v in (logits, outputs.hidden_states) if v is not None)
+            return (loss, *output) if loss is not None else output
+        return SequenceClassifierOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states)

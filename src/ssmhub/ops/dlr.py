@@ -1,0 +1,281 @@
+"""Diagonal linear RNN (DLR) math: Vandermonde powers, kernels, the parallel scan and the O(1) step.
+
+Seed paper: Gupta, Mehta, Berant, "Simplifying and Understanding SSMs with Diagonal Linear RNNs"
+(arXiv 2212.00768). Notation follows it: a state ``x_k ∈ C^N`` per channel, a diagonal ``Λ ∈ C^N``
+shared by all channels, and per-channel output weights ``w ∈ C^N``.
+
+- Eq. 1:  ``x_k = Λ ⊙ x_{k-1} + u_k``,  ``y_k = readout(<w, x_k>)``        (B is all ones)
+- Eq. 4:  ``y_k = Σ_{j≤k} K_{k-j} u_j``  with  ``K_k = readout(<w, Λ^k>)``
+- §2.3:   ``Λ = exp(-(logΛ_re)² + i·logΛ_im)``, so ``|λ| ≤ 1``.
+
+``readout`` is ``"real"`` (``Re``, the plain DLR) or ``"half_imag"`` (``½·Im``). The second exists
+for DLR-prod, whose kernel ``Re(K_k)·Im(K_k) = ½·Im(K_k²)`` is the kernel of the N²-state DLR
+``(Λ⊗Λ, w⊗w)`` (§A.2); :func:`kronecker_dlr` builds those parameters so DLR-prod can be stepped.
+
+Phases ``k·θ`` reach about ``2π·L``; in float32 that is off by ~0.25 rad at L = 2^20, so they are
+formed in float64 and reduced modulo 2π before anything is cast to float32. The Vandermonde matrix
+``P_{nk} = λ_n^k`` is N×L complex (32 GB at N = 4096, L = 2^20), so it is built in chunks of L,
+each chunk recomputed in the backward pass instead of stored.
+
+Every fast function here has a slow reference (``*_ref``) that runs the recurrence one step at a
+time in complex128.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .fftconv import fft_conv
+
+__all__ = [
+    "READOUTS",
+    "dlr_init",
+    "dlr_kernel",
+    "dlr_kernel_ref",
+    "dlr_scan",
+    "dlr_scan_ref",
+    "dlr_step",
+    "kronecker_dlr",
+    "lambda_powers",
+]
+
+READOUTS = ("real", "half_imag")
+_TWO_PI = 2.0 * math.pi
+_CHUNK_ELEMENTS = 1 << 20  # complex entries of one Vandermonde chunk (8 MB)
+
+
+def _readout(z: torch.Tensor, readout: str) -> torch.Tensor:
+    if readout == "real":
+        return z.real
+    if readout == "half_imag":
+        return 0.5 * z.imag
+    raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
+
+
+def lambda_powers(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """``Λ^k`` for ``k = start .. start+length-1`` as a complex64 (..., N, length) tensor.
+
+    ``log Λ = log_modulus + i·phase``; the exponent ``k·log Λ`` is formed in float64 and the phase
+    reduced modulo 2π before the cast, so entries stay accurate to float32 precision at any k.
+    """
+    k = torch.arange(start, start + length, device=log_modulus.device, dtype=torch.float64)
+    magnitude = torch.exp(log_modulus.double().unsqueeze(-1) * k)  # (..., N, C)
+    angle = torch.remainder(phase.double().unsqueeze(-1) * k, _TWO_PI)  # (..., N, C)
+    return torch.complex((magnitude * torch.cos(angle)).float(), (magnitude * torch.sin(angle)).float())
+
+
+def _lambda(log_modulus: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    """``Λ`` itself (complex64), computed in float64."""
+    return torch.polar(torch.exp(log_modulus.double()), phase.double()).to(torch.complex64)
+
+
+def _chunks(length: int, state_size: int) -> list[tuple[int, int]]:
+    step = max(1, _CHUNK_ELEMENTS // max(1, state_size))
+    return [(s, min(step, length - s)) for s in range(0, length, step)]
+
+
+def _kernel_chunk(log_modulus, phase, w_re, w_im, start: int, length: int, product: bool) -> torch.Tensor:
+    powers = lambda_powers(log_modulus, phase, start, length)  # (N, C)
+    k_re = w_re @ powers.real - w_im @ powers.imag  # (H, C) = Re(w P)
+    if not product:
+        return k_re
+    k_im = w_re @ powers.imag + w_im @ powers.real  # (H, C) = Im(w P)
+    return k_re * k_im
+
+
+def dlr_kernel(
+    log_lambda_re: torch.Tensor,
+    log_lambda_im: torch.Tensor,
+    weight: torch.Tensor,
+    length: int,
+    kernel_type: str = "real",
+) -> torch.Tensor:
+    """DLR kernel ``K_h = Re(W_h P)`` (or ``Re·Im`` for ``kernel_type="prod"``), seed paper §2.3, Figure 4.
+
+    Args:
+        log_lambda_re, log_lambda_im: (N,) parameters; ``Λ = exp(-(logΛ_re)² + i·logΛ_im)``.
+        weight: (H, N, 2) real and imaginary parts of ``W ∈ C^{H×N}``.
+        length: number of taps L.
+        kernel_type: ``"real"`` (DLR) or ``"prod"`` (DLR-prod).
+
+    Returns:
+        (H, L) float32 kernel. Memory is bounded by chunking over L; under autograd each chunk is
+        recomputed in the backward pass.
+    """
+    if kernel_type not in ("real", "prod"):
+        raise ValueError(f"kernel_type must be 'real' or 'prod'; got {kernel_type!r}")
+    if length < 1:
+        raise ValueError(f"length must be positive; got {length}")
+    log_modulus = -log_lambda_re.float() ** 2
+    w_re, w_im = weight[..., 0].float(), weight[..., 1].float()
+    product = kernel_type == "prod"
+    chunks = _chunks(length, log_modulus.shape[-1])
+    if len(chunks) == 1:
+        return _kernel_chunk(log_modulus, log_lambda_im, w_re, w_im, 0, length, product)
+    use_checkpoint = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (log_lambda_re, log_lambda_im, weight)
+    )
+    parts = []
+    for start, size in chunks:
+        args = (log_modulus, log_lambda_im, w_re, w_im, start, size, product)
+        parts.append(checkpoint(_kernel_chunk, *args, use_reentrant=False) if use_checkpoint else _kernel_chunk(*args))
+    return torch.cat(parts, dim=-1)
+
+
+def dlr_kernel_ref(
+    log_lambda_re: torch.Tensor,
+    log_lambda_im: torch.Tensor,
+    weight: torch.Tensor,
+    length: int,
+    kernel_type: str = "real",
+) -> torch.Tensor:
+    """Reference for :func:`dlr_kernel`: ``Λ^k`` by repeated multiplication in complex128."""
+    lam = torch.polar(torch.exp(-log_lambda_re.double() ** 2), log_lambda_im.double())  # (N,)
+    w = torch.complex(weight[..., 0].double(), weight[..., 1].double())  # (H, N)
+    power = torch.ones_like(lam)
+    taps = []
+    for _ in range(length):
+        taps.append(w @ power)  # (H,)
+        power = power * lam
+    kernel = torch.stack(taps, dim=-1)  # (H, L) complex
+    out = kernel.real * kernel.imag if kernel_type == "prod" else kernel.real
+    return out.float()
+
+
+def kronecker_dlr(
+    log_modulus: torch.Tensor, phase: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Parameters of the DLR ``(Λ⊗Λ, w⊗w)`` with N² states (seed paper §A.2).
+
+    Its kernel is ``K_k²`` for the kernel ``K_k = <w, Λ^k>``; with the ``"half_imag"`` readout that
+    is ``½·Im(K_k²) = Re(K_k)·Im(K_k)``, the DLR-prod kernel.
+
+    Args: log_modulus, phase: (N,); w: (H, N) complex.  Returns: (N²,), (N², ), (H, N²).
+    """
+    n = log_modulus.shape[-1]
+    kron_modulus = (log_modulus[:, None] + log_modulus[None, :]).reshape(n * n)  # (N²,)
+    kron_phase = (phase[:, None] + phase[None, :]).reshape(n * n)  # (N²,)
+    kron_w = (w[:, :, None] * w[:, None, :]).reshape(w.shape[0], n * n)  # (H, N²)
+    return kron_modulus, kron_phase, kron_w
+
+
+def dlr_scan(
+    u: torch.Tensor,
+    log_modulus: torch.Tensor,
+    phase: torch.Tensor,
+    w: torch.Tensor,
+    kernel: torch.Tensor | None = None,
+    readout: str = "real",
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the DLR of Eq. 1 over a whole sequence in parallel form (FFT convolution, Eq. 4).
+
+    Args:
+        u: (B, H, L) real input.
+        log_modulus, phase: (N,) with ``log Λ = log_modulus + i·phase``.
+        w: (H, N) complex output weights.
+        kernel: optional precomputed (H, L') kernel (e.g. the cheap DLR-prod formula); computed
+            from ``(Λ, w)`` when omitted.
+        readout: ``"real"`` or ``"half_imag"``.
+        initial_state: optional (B, H, N) complex state ``x_{-1}`` carried over from earlier tokens.
+        return_final_state: also return ``x_{L-1}``.
+
+    Returns:
+        ``y`` (B, H, L) float32 and the final state (B, H, N) complex64, or ``None``.
+    """
+    seq_len = u.shape[-1]
+    u = u.float()
+    if kernel is None:
+        kernel = torch.cat(
+            [
+                _readout(w @ lambda_powers(log_modulus, phase, start, size), readout)
+                for start, size in _chunks(seq_len, log_modulus.shape[-1])
+            ],
+            dim=-1,
+        )  # (H, L)
+    y = fft_conv(u, kernel)  # (B, H, L)
+    if initial_state is not None:
+        # y_k += readout(Σ_n w_hn Λ_n^{k+1} x_{-1,n}), from unrolling Eq. 1 back to x_{-1}
+        carried = (w * initial_state) @ lambda_powers(log_modulus, phase, 1, seq_len)  # (B, H, L)
+        y = y + _readout(carried, readout)
+    final_state = None
+    if return_final_state:
+        # x_{L-1} = Λ^L x_{-1} + Σ_j Λ^{L-1-j} u_j  (Eq. 3)
+        powers = lambda_powers(log_modulus, phase, 0, seq_len).flip(-1)  # (N, L): Λ^{L-1-j}
+        final_state = torch.complex(u @ powers.real.transpose(0, 1), u @ powers.imag.transpose(0, 1))  # (B, H, N)
+        if initial_state is not None:
+            final_state = final_state + lambda_powers(log_modulus, phase, seq_len, 1)[..., 0] * initial_state
+    return y, final_state
+
+
+def dlr_step(
+    u_t: torch.Tensor,
+    state: torch.Tensor,
+    log_modulus: torch.Tensor,
+    phase: torch.Tensor,
+    w: torch.Tensor,
+    readout: str = "real",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of Eq. 1: ``x_k = Λ x_{k-1} + u_k``, ``y_k = readout(<w, x_k>)``. O(H·N), independent of k.
+
+    Args: u_t (B, H) real; state (B, H, N) complex.  Returns: y_t (B, H) float32, new state.
+    """
+    new_state = _lambda(log_modulus, phase) * state + u_t.float().unsqueeze(-1)  # (B, H, N)
+    y_t = _readout((new_state * w).sum(-1), readout)  # (B, H)
+    return y_t, new_state
+
+
+def dlr_scan_ref(
+    u: torch.Tensor,
+    log_modulus: torch.Tensor,
+    phase: torch.Tensor,
+    w: torch.Tensor,
+    readout: str = "real",
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference for :func:`dlr_scan`: the recurrence of Eq. 1, one token at a time, in complex128."""
+    lam = torch.polar(torch.exp(log_modulus.double()), phase.double())  # (N,)
+    w = w.to(torch.complex128)
+    batch, channels, seq_len = u.shape
+    state = torch.zeros(batch, channels, lam.shape[-1], dtype=torch.complex128, device=u.device)
+    if initial_state is not None:
+        state = state + initial_state.to(torch.complex128)
+    outputs = []
+    for k in range(seq_len):
+        state = lam * state + u[..., k].double().unsqueeze(-1)
+        outputs.append(_readout((state * w).sum(-1), readout))
+    y = torch.stack(outputs, dim=-1).float()
+    return y, (state.to(torch.complex64) if return_final_state else None)
+
+
+def dlr_init(
+    state_size: int,
+    num_channels: int,
+    dt_min: float,
+    dt_max: float,
+    num_lambdas: int = 1,
+    weight_std: float | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, torch.Tensor]:
+    """Initial DLR parameters, seed paper §2.3.
+
+    - ``logΛ_im[n] = 2πn/N``: at ``logΛ_re = 0`` and L = N the kernel is the DFT of w.
+    - ``logΛ_re = (e^r / 2)^{1/2}``, ``r ~ U(log dt_min, log dt_max)``, so ``|λ| = exp(-e^r/2)``
+      (the paper's range (.0005, .5) gives |λ| ∈ [0.779, 0.99975]).
+    - ``Re W, Im W ~ N(0, σ²)`` with ``σ = 1/N`` by default.
+
+    Returns ``log_lambda_re`` and ``log_lambda_im`` of shape (num_lambdas, N) and ``weight`` of
+    shape (num_channels, N, 2).
+    """
+    r = torch.empty(num_lambdas, state_size).uniform_(math.log(dt_min), math.log(dt_max), generator=generator)
+    log_lambda_re = torch.sqrt(torch.exp(r) / 2)
+    log_lambda_im = (_TWO_PI * torch.arange(state_size, dtype=torch.float64) / state_size).float()
+    log_lambda_im = log_lambda_im.expand(num_lambdas, state_size).clone()
+    std = 1.0 / state_size if weight_std is None else weight_std
+    weight = torch.randn(num_channels, state_size, 2, generator=generator) * std
+    return {"log_lambda_re": log_lambda_re, "log_lambda_im": log_lambda_im, "weight": weight}
