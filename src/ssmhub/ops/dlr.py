@@ -29,6 +29,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .fftconv import fft_conv
+from .precision import float32_math
 
 __all__ = [
     "READOUTS",
@@ -86,6 +87,7 @@ def _kernel_chunk(log_modulus, phase, w_re, w_im, start: int, length: int, produ
     return k_re * k_im
 
 
+@float32_math
 def dlr_kernel(
     log_lambda_re: torch.Tensor,
     log_lambda_im: torch.Tensor,
@@ -162,6 +164,7 @@ def kronecker_dlr(
     return kron_modulus, kron_phase, kron_w
 
 
+@float32_math
 def dlr_scan(
     u: torch.Tensor,
     log_modulus: torch.Tensor,
@@ -212,6 +215,7 @@ def dlr_scan(
     return y, final_state
 
 
+@float32_math
 def dlr_step(
     u_t: torch.Tensor,
     state: torch.Tensor,

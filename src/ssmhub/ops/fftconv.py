@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from .precision import float32_math
+
 __all__ = ["fft_conv", "fft_conv_ref", "fft_size"]
 
 
@@ -37,6 +39,7 @@ def _check_conv_args(u: torch.Tensor, kernel: torch.Tensor, kernel_backward: tor
             raise ValueError(f"{name} has length 0")
 
 
+@float32_math
 def fft_conv(
     u: torch.Tensor,
     kernel: torch.Tensor,
@@ -66,15 +69,14 @@ def fft_conv(
     longest = max(kernel.shape[-1], 0 if kernel_backward is None else kernel_backward.shape[-1])
     n = fft_size(seq_len + longest)  # >= L + K - 1: no circular wrap-around onto real outputs
 
-    with torch.autocast(device_type=u.device.type, enabled=False):
-        circulant = torch.zeros(kernel.shape[0], n, dtype=torch.float32, device=u.device)  # (H, n)
-        circulant[:, : kernel.shape[-1]] = kernel.float()
-        if kernel_backward is not None and kernel_backward.shape[-1] > 0:
-            # anti-causal taps sit at the end of the circulant's first column: c[n - 1 - m] = K<-[m]
-            circulant[:, n - kernel_backward.shape[-1] :] = kernel_backward.float().flip(-1)
-        kernel_f = torch.fft.rfft(circulant, n=n)  # (H, n//2 + 1)
-        u_f = torch.fft.rfft(u.float(), n=n)  # (..., H, n//2 + 1)
-        y = torch.fft.irfft(u_f * kernel_f, n=n)[..., :seq_len]  # (..., H, L)
+    circulant = torch.zeros(kernel.shape[0], n, dtype=torch.float32, device=u.device)  # (H, n)
+    circulant[:, : kernel.shape[-1]] = kernel.float()
+    if kernel_backward is not None and kernel_backward.shape[-1] > 0:
+        # anti-causal taps sit at the end of the circulant's first column: c[n - 1 - m] = K<-[m]
+        circulant[:, n - kernel_backward.shape[-1] :] = kernel_backward.float().flip(-1)
+    kernel_f = torch.fft.rfft(circulant, n=n)  # (H, n//2 + 1)
+    u_f = torch.fft.rfft(u.float(), n=n)  # (..., H, n//2 + 1)
+    y = torch.fft.irfft(u_f * kernel_f, n=n)[..., :seq_len]  # (..., H, L)
     return y.to(u.dtype)
 
 

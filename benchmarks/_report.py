@@ -1,0 +1,110 @@
+"""Shared helpers for the benchmark scripts: markdown tables, machine description, atomic result files.
+
+Every script prints its table(s) to stdout and writes ``benchmarks/results/<script_name>.md`` with
+:func:`write_report`, which records the exact command line, the machine, the library versions and
+the date next to the numbers, so that a results file can be traced back to how it was produced.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+
+import torch
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (falls back to platform.processor())."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> list[tuple[str, str]]:
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:  # pragma: no cover - the project depends on transformers
+        transformers_version = "not installed"
+    return [
+        ("platform", platform.platform()),
+        ("python", platform.python_version()),
+        ("CPU model", cpu_model()),
+        ("os.cpu_count()", str(os.cpu_count())),
+        ("torch", torch.__version__),
+        ("transformers", transformers_version),
+        ("torch.get_num_threads()", str(torch.get_num_threads())),
+    ]
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured markdown table; cells are str()-ed, numbers should be pre-formatted."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def command_line() -> str:
+    """The command that produced the run, as it could be typed again."""
+    return " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable), *sys.argv])
+
+
+def write_report(script_name: str, title: str, sections: Sequence[str], results_dir: str = RESULTS_DIR) -> str:
+    """Write ``<results_dir>/<script_name>.md`` atomically and return its path.
+
+    Args:
+        script_name: file stem of the benchmark script (``decode_vs_context``).
+        title: the markdown title.
+        sections: markdown blocks (tables, check lists, notes) appended in order after the header.
+    """
+    now = _dt.datetime.now(_dt.timezone.utc).astimezone()
+    header = [
+        f"# {title}",
+        "",
+        "Command:",
+        "",
+        "```",
+        command_line(),
+        "```",
+        "",
+        f"Date: {now.isoformat(timespec='seconds')}",
+        "",
+        "Machine:",
+        "",
+        *[f"- {key}: {value}" for key, value in machine_info()],
+        "",
+    ]
+    text = "\n".join(header) + "\n" + "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"{script_name}.md")
+    fd, tmp = tempfile.mkstemp(prefix=f".{script_name}.", suffix=".md.tmp", dir=results_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,75 @@
+"""fft_conv against the dense Toeplitz reference: values, gradients, causality, autocast."""
+
+import pytest
+import torch
+
+from ssmhub.ops.fftconv import fft_conv, fft_conv_ref, fft_size
+
+LENGTHS = [1, 2, 7, 16, 100, 257, 1024]
+
+
+@pytest.mark.parametrize("seq_len", LENGTHS)
+@pytest.mark.parametrize("kernel_len", ["same", "shorter", "longer"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_matches_reference(seq_len, kernel_len, bidirectional):
+    gen = torch.Generator().manual_seed(seq_len)
+    k_len = {"same": seq_len, "shorter": max(1, seq_len // 3), "longer": 2 * seq_len + 5}[kernel_len]
+    u = torch.randn(2, 3, seq_len, generator=gen, dtype=torch.float64).float()
+    kernel = torch.randn(3, k_len, generator=gen)
+    backward = torch.randn(3, k_len, generator=gen) if bidirectional else None
+    torch.testing.assert_close(fft_conv(u, kernel, backward), fft_conv_ref(u, kernel, backward), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_gradients_match_reference(bidirectional):
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(2, 4, 33, generator=gen, requires_grad=True)
+    kernel = torch.randn(4, 33, generator=gen, requires_grad=True)
+    backward = torch.randn(4, 20, generator=gen, requires_grad=True) if bidirectional else None
+    weight = torch.randn(2, 4, 33, generator=gen)
+    inputs = [t for t in (u, kernel, backward) if t is not None]
+    fast = torch.autograd.grad((fft_conv(u, kernel, backward) * weight).sum(), inputs)
+    slow = torch.autograd.grad((fft_conv_ref(u, kernel, backward) * weight).sum(), inputs)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_no_wraparound_leaks_future_tokens():
+    """Output t of the causal convolution must not depend on any input after t, even with a kernel
+    as long as the sequence (an FFT of size L would wrap the kernel's tail onto earlier positions and
+    give O(1) gradients there; what remains is FFT round-off, ~1e-7 of the gradient's scale)."""
+    seq_len = 64
+    u = torch.randn(1, 2, seq_len, requires_grad=True)
+    kernel = torch.randn(2, seq_len)
+    y = fft_conv(u, kernel)
+    for t in (0, 10, seq_len - 2):
+        (grad,) = torch.autograd.grad(y[..., t].sum(), u, retain_graph=True)
+        assert grad[..., t + 1 :].abs().max() < 1e-5 * grad[..., : t + 1].abs().max()
+
+
+def test_fft_size_covers_linear_convolution():
+    assert fft_size(1) == 1 and fft_size(2) == 2 and fft_size(3) == 4 and fft_size(1024) == 1024
+    assert fft_size(1025) == 2048
+
+
+def test_fp32_under_autocast():
+    """Under bf16 autocast the FFTs still run in fp32: the result equals the fp32 convolution of the
+    same (bf16-representable) inputs up to the final cast to bf16."""
+    gen = torch.Generator().manual_seed(1)
+    u = torch.randn(2, 3, 300, generator=gen).bfloat16()
+    kernel = torch.randn(3, 300, generator=gen) * 1e-3
+    kernel[:, 0] = 1.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fft_conv(u, kernel)
+    assert y.dtype == torch.bfloat16
+    expected = fft_conv_ref(u.float(), kernel)
+    torch.testing.assert_close(y.float(), expected, atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("u_shape", "k_shape", "message"),
+    [((3, 0), (3, 4), "length 0"), ((2, 3, 8), (4, 8), "shape \\(H, K\\)"), ((8,), (1, 8), "shape")],
+)
+def test_bad_shapes_raise(u_shape, k_shape, message):
+    with pytest.raises(ValueError, match=message):
+        fft_conv(torch.zeros(u_shape), torch.zeros(k_shape))
