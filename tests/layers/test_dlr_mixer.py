@@ -90,8 +90,10 @@ def test_bf16_autocast_keeps_recurrence_in_fp32():
     assert mixer.ssm.weight.dtype == torch.float32
     assert state["dlr_state"].dtype == torch.complex64
     assert torch.isfinite(y).all()
-    error = (y.float() - mixer(x)[0]).abs()  # bf16 rounding of W_out and the residual, not of the recurrence
-    assert error.mean() < 5e-3 and error.max() < 0.3
+    reference = mixer(x)[0]
+    # what remains is bf16 rounding in W_out (~0.4% relative), not an error growing along the sequence
+    relative = (y.float() - reference).abs().mean(dim=(0, 2)) / reference.abs().mean(dim=(0, 2))  # (L,)
+    assert relative.max() < 2e-2
 
 
 def test_state_size_is_independent_of_length():
