@@ -104,7 +104,9 @@ def test_state_size_is_independent_of_length():
     assert _mixer(kernel_type="prod", state_size=5).init_state(2)["dlr_state"].shape == (2, 8, 25)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"kernel_type": "imag"}, "kernel_type"), ({"skip_connection": "x"}, "skip")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"kernel_type": "imag"}, "kernel_type"), ({"skip_connection": "x"}, "skip")]
+)
 def test_bad_options_raise(kwargs, field):
     with pytest.raises(ValueError, match=field):
         DLRMixer(8, 4, **kwargs)

@@ -26,7 +26,7 @@ def _params(state_size=16, channels=3, seed=0, dt_min=5e-4, dt_max=0.5):
 
 
 def _modal(log_re, log_im, weight):
-    return -log_re**2, log_im, torch.complex(weight[..., 0], weight[..., 1])
+    return -(log_re**2), log_im, torch.complex(weight[..., 0], weight[..., 1])
 
 
 @pytest.mark.parametrize("kernel_type", ["real", "prod"])
@@ -69,7 +69,7 @@ def test_kernel_accurate_at_one_million_taps():
     weight = torch.randn(2, n, 2, generator=torch.Generator().manual_seed(0))
     kernel = dlr_kernel(log_re, log_im, weight, length)
     ks = torch.tensor([length - 1, length - 1000, 777_777], dtype=torch.float64)
-    lam_log = torch.complex(-log_re.double() ** 2, log_im.double())  # (N,)
+    lam_log = torch.complex(-(log_re.double() ** 2), log_im.double())  # (N,)
     w = torch.complex(weight[..., 0].double(), weight[..., 1].double())
     exact = (w @ torch.exp(lam_log[:, None] * ks)).real  # (H, 3) in complex128
     torch.testing.assert_close(kernel[:, ks.long()].double(), exact, atol=1e-5, rtol=1e-5)
@@ -133,7 +133,7 @@ def test_prod_kernel_is_kronecker_dlr():
 
 def test_init_follows_section_2_3():
     p = dlr_init(64, 5, 5e-4, 0.5, generator=torch.Generator().manual_seed(0))
-    modulus = torch.exp(-p["log_lambda_re"] ** 2)
+    modulus = torch.exp(-(p["log_lambda_re"] ** 2))
     assert modulus.min() >= math.exp(-0.5 / 2) - 1e-6 and modulus.max() <= math.exp(-5e-4 / 2) + 1e-6
     torch.testing.assert_close(p["log_lambda_im"][0], 2 * math.pi * torch.arange(64) / 64)
     assert p["weight"].shape == (5, 64, 2)

@@ -1,7 +1,6 @@
 """Configuration fields every ssmhub language model shares (the block stack, the heads)."""
 
-from __future__ import annotations
-
+# no `from __future__ import annotations` here: @strict checks field types only on real annotations
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -62,7 +61,15 @@ class RecurrentLMConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
-    def validate_stack(self):
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.check_fields()
+
+    def check_fields(self) -> None:
+        """Raise a ValueError naming the first field with a bad value (families extend this).
+
+        Runs in ``__post_init__`` rather than as a ``@strict`` ``validate_*`` hook so that users get
+        a plain ValueError; strict still checks each field's type on its own."""
         check_positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "layer_norm_epsilon")
         check_positive(self, "intermediate_size", "initializer_range", allow_zero=True)
         check_positive(self, "recurrence_learning_rate")

@@ -103,14 +103,14 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     ) -> list[dict]:
         """Parameter groups for a torch optimizer.
 
-        Weight decay applies to the matrices of linear maps only; biases, norms, embeddings and the
+        Weight decay applies to the matrices of linear maps only; biases, norms, embeddings (also when
+        tied to the LM head) and the
         recurrence parameters (``*.ssm.*``) get none. The recurrence parameters get their own
         learning rate: ``recurrence_lr``, else ``config.recurrence_learning_rate``, else ``lr``.
         """
         decay, no_decay, recurrence = [], [], []
-        linear_weights = {
-            id(m.weight) for m in self.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad
-        }
+        embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
+        linear_weights = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)} - embeddings
         for name, param in self.named_parameters():
             if not param.requires_grad:
                 continue

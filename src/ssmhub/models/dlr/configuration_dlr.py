@@ -1,7 +1,6 @@
 """Configuration of DLR models (diagonal linear RNNs, arXiv 2212.00768)."""
 
-from __future__ import annotations
-
+# no `from __future__ import annotations` here: @strict checks field types only on real annotations
 from huggingface_hub.dataclasses import strict
 
 from ..configuration_recurrent import RecurrentLMConfig, check_choice, check_positive
@@ -42,7 +41,8 @@ class DLRConfig(RecurrentLMConfig):
     dt_max: float = 0.5
     weight_std: float | None = None
 
-    def validate_dlr(self):
+    def check_fields(self) -> None:
+        super().check_fields()
         check_positive(self, "state_size", "dt_min", "dt_max", "weight_std")
         check_positive(self, "dropout", allow_zero=True)
         check_choice(self, "kernel_type", ("real", "prod"))

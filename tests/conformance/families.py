@@ -1,0 +1,41 @@
+"""The registry of the conformance suite: one tiny configuration per family (or variant).
+
+A new family joins every conformance check by adding one ``Family`` here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ssmhub
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    config_class: type
+    config_kwargs: dict = field(default_factory=dict)
+    causal_lm: type | None = None
+    sequence_classification: type | None = None
+
+    def config(self, **overrides):
+        base = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "pad_token_id": 0}
+        return self.config_class(**{**base, **self.config_kwargs, **overrides})
+
+
+FAMILIES = [
+    Family(
+        "dlr",
+        ssmhub.DLRConfig,
+        {"state_size": 8, "intermediate_size": 32, "weight_std": 0.2},
+        ssmhub.DLRForCausalLM,
+        ssmhub.DLRForSequenceClassification,
+    ),
+    Family(
+        "dlr-prod-postnorm-glu",
+        ssmhub.DLRConfig,
+        {"state_size": 4, "kernel_type": "prod", "prenorm": False, "use_glu": True, "skip_connection": "learned"},
+        ssmhub.DLRForCausalLM,
+        ssmhub.DLRForSequenceClassification,
+    ),
+]

@@ -1,0 +1,140 @@
+"""Every family's causal LM behaves like a transformers model: caching, generation, padding, causality."""
+
+import pytest
+import torch
+from conftest import random_ids
+from transformers import pipeline
+
+from ssmhub import RecurrentCache
+
+
+def test_cached_decoding_equals_full_forward(causal_lm):
+    ids = random_ids(2, 20)
+    full = causal_lm(ids).logits
+    out = causal_lm(ids[:, :8], use_cache=True)
+    cache = out.past_key_values
+    assert isinstance(cache, RecurrentCache) and cache.get_seq_length() == 8
+    logits = [out.logits]
+    for t in range(8, 20):
+        out = causal_lm(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-4, rtol=1e-4)
+    assert cache.get_seq_length() == 20
+
+
+def test_cache_memory_does_not_grow_with_context(causal_lm):
+    ids = random_ids(1, 64)
+    cache = causal_lm(ids[:, :4], use_cache=True).past_key_values
+    size = cache.memory_bytes()
+    assert size > 0
+    for t in range(4, 64):
+        causal_lm(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+    assert cache.memory_bytes() == size
+
+
+def test_generate_equals_manual_greedy_loop(causal_lm):
+    ids = random_ids(2, 6)
+    generated = causal_lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    manual = ids
+    for _ in range(10):  # no cache: the full forward each time
+        next_token = causal_lm(manual, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        manual = torch.cat([manual, next_token], 1)
+    assert torch.equal(generated, manual)
+
+
+def test_left_padded_batch_generates_what_each_row_gets_alone(causal_lm):
+    rows = [random_ids(1, 9, seed=1)[0], random_ids(1, 4, seed=2)[0], random_ids(1, 6, seed=3)[0]]
+    width = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    batched = causal_lm.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    for i, row in enumerate(rows):
+        alone = causal_lm.generate(row[None], max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert torch.equal(batched[i, width:], alone[0, len(row) :]), f"row {i} differs when left-padded"
+    # and the last-position logits of the padded forward match each row alone (1e-5 as in transformers' test)
+    padded_logits = causal_lm(ids, attention_mask=mask).logits[:, -1]
+    for i, row in enumerate(rows):
+        torch.testing.assert_close(padded_logits[i], causal_lm(row[None]).logits[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_beam_search_reorders_the_cache(causal_lm):
+    """Beam search with the cache must equal beam search recomputing everything: if beams were not
+    reordered, the cached states would belong to the wrong hypotheses."""
+    ids = random_ids(2, 5)
+    kwargs = {"max_new_tokens": 8, "num_beams": 4, "do_sample": False, "pad_token_id": 0, "num_return_sequences": 2}
+    cached = causal_lm.generate(ids, use_cache=True, **kwargs)
+    uncached = causal_lm.generate(ids, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+
+
+def test_sampling_is_reproducible(causal_lm):
+    ids = random_ids(2, 5)
+    torch.manual_seed(3)
+    a = causal_lm.generate(ids, max_new_tokens=6, do_sample=True, top_k=10, pad_token_id=0)
+    torch.manual_seed(3)
+    b = causal_lm.generate(ids, max_new_tokens=6, do_sample=True, top_k=10, pad_token_id=0)
+    assert torch.equal(a, b) and a.shape == (2, 11)
+
+
+def test_model_is_causal(causal_lm):
+    """The gradient of output t with respect to input t+1 (and later) is zero, up to FFT round-off."""
+    embeds = causal_lm.get_input_embeddings()(random_ids(1, 16)).detach().requires_grad_()
+    logits = causal_lm(inputs_embeds=embeds).logits
+    for t in (0, 7, 14):
+        (grad,) = torch.autograd.grad(logits[0, t].square().sum(), embeds, retain_graph=True)
+        assert grad[0, t + 1 :].abs().max() < 1e-5 * grad[0, : t + 1].abs().max()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(causal_lm):
+    ids = random_ids(2, 12)
+    causal_lm.train()
+    causal_lm(ids, labels=ids).loss.backward()
+    expected = {n: p.grad.clone() for n, p in causal_lm.named_parameters()}
+    causal_lm.zero_grad()
+    causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert causal_lm.is_gradient_checkpointing
+    causal_lm(ids, labels=ids).loss.backward()
+    for name, param in causal_lm.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_text_generation_pipeline(causal_lm):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(64)}
+    vocab["[UNK]"] = 63
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="w0")
+    generator = pipeline("text-generation", model=causal_lm, tokenizer=tokenizer)
+    out = generator("w5 w9 w3", max_new_tokens=4, do_sample=False, return_tensors=True)
+    token_ids = list(out[0]["generated_token_ids"])
+    expected = causal_lm.generate(torch.tensor([[5, 9, 3]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert token_ids == expected[0].tolist()
+
+
+def test_loss_matches_shifted_cross_entropy(causal_lm):
+    ids = random_ids(2, 10)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    out = causal_lm(ids, labels=labels)
+    expected = torch.nn.functional.cross_entropy(
+        out.logits[:, :-1].reshape(-1, out.logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_bf16_autocast_forward_is_finite(causal_lm):
+    ids = random_ids(2, 300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = causal_lm(ids, labels=ids)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("logits_to_keep", [1, 3])
+def test_logits_to_keep(causal_lm, logits_to_keep):
+    ids = random_ids(2, 8)
+    full = causal_lm(ids).logits
+    kept = causal_lm(ids, logits_to_keep=logits_to_keep).logits
+    torch.testing.assert_close(kept, full[:, -logits_to_keep:])
