@@ -38,4 +38,11 @@ FAMILIES = [
         ssmhub.DLRForCausalLM,
         ssmhub.DLRForSequenceClassification,
     ),
+    Family(  # Eq. 5 with a Λ per direction: classification only, it cannot decode
+        "dlr-bidirectional",
+        ssmhub.DLRConfig,
+        {"state_size": 8, "bidirectional": True, "bidirectional_shared_lambda": False},
+        None,
+        ssmhub.DLRForSequenceClassification,
+    ),
 ]

@@ -67,3 +67,10 @@ def test_foreign_cache(causal_lm):
 
     with pytest.raises(ValueError, match="RecurrentCache"):
         causal_lm(random_ids(1, 3), past_key_values=DynamicCache())
+
+
+def test_bidirectional_model_cannot_be_a_causal_lm():
+    import ssmhub
+
+    with pytest.raises(ValueError, match="bidirectional=False"):
+        ssmhub.DLRForCausalLM(ssmhub.DLRConfig(vocab_size=8, hidden_size=4, state_size=2, bidirectional=True))

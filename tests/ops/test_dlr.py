@@ -91,6 +91,17 @@ def test_scan_matches_recurrence(with_state):
     torch.testing.assert_close(final, final_ref, atol=1e-4, rtol=1e-4)
 
 
+def test_chunked_scan_equals_unchunked(monkeypatch):
+    log_modulus, phase, w = _modal(*_params(state_size=8))
+    u = torch.randn(2, 3, 100)
+    state = torch.randn(2, 3, 8, dtype=torch.complex64)
+    whole = dlr_scan(u, log_modulus, phase, w, initial_state=state, return_final_state=True)
+    monkeypatch.setattr(dlr_ops, "_CHUNK_ELEMENTS", 8 * 13)
+    chunked = dlr_scan(u, log_modulus, phase, w, initial_state=state, return_final_state=True)
+    for a, b in zip(chunked, whole):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_scan_gradients_match_recurrence():
     params = [t.clone().requires_grad_() for t in _params(state_size=8)]
     u = torch.randn(2, 3, 40, requires_grad=True)

@@ -192,24 +192,24 @@ def dlr_scan(
     """
     seq_len = u.shape[-1]
     u = u.float()
+    chunks = _chunks(seq_len, log_modulus.shape[-1])  # Vandermonde blocks of bounded size
     if kernel is None:
         kernel = torch.cat(
-            [
-                _readout(w @ lambda_powers(log_modulus, phase, start, size), readout)
-                for start, size in _chunks(seq_len, log_modulus.shape[-1])
-            ],
-            dim=-1,
+            [_readout(w @ lambda_powers(log_modulus, phase, start, size), readout) for start, size in chunks], dim=-1
         )  # (H, L)
     y = fft_conv(u, kernel)  # (B, H, L)
     if initial_state is not None:
         # y_k += readout(Σ_n w_hn Λ_n^{k+1} x_{-1,n}), from unrolling Eq. 1 back to x_{-1}
-        carried = (w * initial_state) @ lambda_powers(log_modulus, phase, 1, seq_len)  # (B, H, L)
-        y = y + _readout(carried, readout)
+        carried = [(w * initial_state) @ lambda_powers(log_modulus, phase, start + 1, size) for start, size in chunks]
+        y = y + _readout(torch.cat(carried, dim=-1), readout)  # (B, H, L)
     final_state = None
     if return_final_state:
-        # x_{L-1} = Λ^L x_{-1} + Σ_j Λ^{L-1-j} u_j  (Eq. 3)
-        powers = lambda_powers(log_modulus, phase, 0, seq_len).flip(-1)  # (N, L): Λ^{L-1-j}
-        final_state = torch.complex(u @ powers.real.transpose(0, 1), u @ powers.imag.transpose(0, 1))  # (B, H, N)
+        # x_{L-1} = Λ^L x_{-1} + Σ_j Λ^{L-1-j} u_j  (Eq. 3), summed over blocks of j
+        final_state = 0
+        for start, size in chunks:
+            powers = lambda_powers(log_modulus, phase, seq_len - start - size, size).flip(-1)  # (N, C): Λ^{L-1-j}
+            u_block = u[..., start : start + size]  # (B, H, C)
+            final_state = final_state + torch.complex(u_block @ powers.real.mT, u_block @ powers.imag.mT)  # (B, H, N)
         if initial_state is not None:
             final_state = final_state + lambda_powers(log_modulus, phase, seq_len, 1)[..., 0] * initial_state
     return y, final_state
