@@ -183,7 +183,8 @@ class RecurrentModel(RecurrentPreTrainedModel):
         check_model_inputs(
             input_ids, inputs_embeds, attention_mask, self.config.vocab_size, self.config.hidden_size, past_length
         )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if use_cache is None:  # training forwards need no final state (computing it costs a matmul per layer)
+            use_cache = self.config.use_cache and not self.training
         if self.gradient_checkpointing and self.training:
             use_cache = False
         output_hidden_states = output_hidden_states if output_hidden_states is not None else False
