@@ -82,3 +82,12 @@ def test_folder_loads_as_remote_code_without_ssmhub(causal_lm, classifier, tmp_p
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env_home, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "remote code OK" in result.stdout
+
+
+def test_resize_token_embeddings_keeps_the_head_tied(causal_lm):
+    causal_lm.resize_token_embeddings(70, mean_resizing=False)
+    assert causal_lm.config.vocab_size == 70
+    assert causal_lm.lm_head.weight is causal_lm.get_input_embeddings().weight
+    ids = random_ids(1, 6, vocab=70)
+    ids[0, -1] = 69  # a new token id is accepted now
+    assert causal_lm(ids).logits.shape == (1, 6, 70)

@@ -84,6 +84,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     """
 
     base_model_prefix = "backbone"
+    _input_embed_layer = "embeddings"  # transformers' get/set_input_embeddings find it (heads via the backbone)
     supports_gradient_checkpointing = True
     _is_stateful = True
     _no_split_modules = ["RecurrentBlock"]
@@ -155,12 +156,6 @@ class RecurrentModel(RecurrentPreTrainedModel):
         self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if config.prenorm else None
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
 
     def forward(
         self,
@@ -240,12 +235,6 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
 
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
-
     def get_output_embeddings(self):
         return self.lm_head
 
@@ -304,12 +293,6 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
         self.backbone = self.backbone_class(config)
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
 
     def forward(
         self,
