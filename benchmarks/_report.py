@@ -63,8 +63,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 
 def command_line() -> str:
-    """The command that produced the run, as it could be typed again."""
-    return " ".join(shlex.quote(a) for a in [os.path.basename(sys.executable), *sys.argv])
+    """The command that produced the run (interpreter and ``sys.argv``), as it could be typed again."""
+    return " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
 
 
 def write_report(script_name: str, title: str, sections: Sequence[str], results_dir: str = RESULTS_DIR) -> str:
