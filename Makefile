@@ -22,7 +22,7 @@ demo: venv
 	$(PY) -m ssmhub.demo
 
 lint: venv
-	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks
 
 test: lint
 	$(PY) -m pytest -q
