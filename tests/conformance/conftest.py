@@ -26,3 +26,12 @@ def classifier(family):
 
 def random_ids(batch, length, vocab=64, seed=0):
     return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def any_model(family):
+    """The family's causal LM, or its classifier where it has no LM (checks that hold for every head)."""
+    torch.manual_seed(0)
+    if family.causal_lm is not None:
+        return family.causal_lm(family.config()).eval()
+    return family.sequence_classification(family.config(num_labels=3)).eval()

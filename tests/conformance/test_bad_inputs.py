@@ -26,40 +26,40 @@ def test_wrong_type_names_the_field(family):
         family.config(hidden_size=2.5)
 
 
-def test_token_id_outside_vocabulary(causal_lm):
+def test_token_id_outside_vocabulary(any_model):
     ids = random_ids(1, 5)
     ids[0, 2] = 64
     with pytest.raises(ValueError, match=r"token id 64.*vocabulary \[0, 64\)"):
-        causal_lm(ids)
+        any_model(ids)
     ids[0, 2] = -1
     with pytest.raises(ValueError, match="token id -1"):
-        causal_lm(ids)
+        any_model(ids)
 
 
-def test_attention_mask_shape_mismatch(causal_lm):
+def test_attention_mask_shape_mismatch(any_model):
     with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 4\)"):
-        causal_lm(random_ids(2, 5), attention_mask=torch.ones(2, 4, dtype=torch.long))
+        any_model(random_ids(2, 5), attention_mask=torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="attention_mask"):
-        causal_lm(random_ids(2, 5), attention_mask=torch.ones(5, dtype=torch.long))
+        any_model(random_ids(2, 5), attention_mask=torch.ones(5, dtype=torch.long))
 
 
-def test_empty_input(causal_lm):
+def test_empty_input(any_model):
     with pytest.raises(ValueError, match="empty"):
-        causal_lm(torch.zeros(1, 0, dtype=torch.long))
+        any_model(torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="empty"):
-        causal_lm(torch.zeros(0, 3, dtype=torch.long))
+        any_model(torch.zeros(0, 3, dtype=torch.long))
 
 
-def test_both_or_neither_inputs(causal_lm):
+def test_both_or_neither_inputs(any_model):
     with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
-        causal_lm()
+        any_model()
     with pytest.raises(ValueError, match="inputs_embeds must have shape"):
-        causal_lm(inputs_embeds=torch.zeros(1, 3, 5))
+        any_model(inputs_embeds=torch.zeros(1, 3, 5))
 
 
-def test_float_token_ids(causal_lm):
+def test_float_token_ids(any_model):
     with pytest.raises(ValueError, match="integer token ids"):
-        causal_lm(torch.zeros(1, 3))
+        any_model(torch.zeros(1, 3))
 
 
 def test_foreign_cache(causal_lm):
