@@ -138,3 +138,16 @@ def test_logits_to_keep(causal_lm, logits_to_keep):
     full = causal_lm(ids).logits
     kept = causal_lm(ids, logits_to_keep=logits_to_keep).logits
     torch.testing.assert_close(kept, full[:, -logits_to_keep:])
+
+
+def test_generate_continues_from_a_returned_cache(causal_lm):
+    """generate(..., return_dict_in_generate=True) hands back the cache; a second generate from it
+    (given the full sequence so far) continues exactly where the first stopped."""
+    ids = random_ids(2, 5)
+    in_one_go = causal_lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    first = causal_lm.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    assert first.past_key_values.get_seq_length() == 5 + 3  # the last generated token is not fed yet
+    second = causal_lm.generate(
+        first.sequences, past_key_values=first.past_key_values, max_new_tokens=6, do_sample=False, pad_token_id=0
+    )
+    assert torch.equal(second, in_one_go)
