@@ -110,3 +110,17 @@ def test_state_size_is_independent_of_length():
 def test_bad_options_raise(kwargs, field):
     with pytest.raises(ValueError, match=field):
         DLRMixer(8, 4, **kwargs)
+
+
+def test_prod_decoding_memo_follows_parameter_updates():
+    mixer = _mixer(kernel_type="prod")
+    x = torch.randn(1, 5, 8)
+    with torch.no_grad():
+        state = mixer.init_state(1)
+        first, _ = mixer.step(x[:, 0], state)
+        assert mixer.step(x[:, 0], state)[0].equal(first)  # memoized recurrence, same numbers
+        mixer.ssm.weight.mul_(2.0)  # an in-place update (as an optimizer step) bumps the version
+        y_full, _ = mixer(x)
+        y_t, _ = mixer.step(x[:, 0], mixer.init_state(1))
+    torch.testing.assert_close(y_t, y_full[:, 0], atol=1e-5, rtol=1e-5)
+    assert not y_t.equal(first)

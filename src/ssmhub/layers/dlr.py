@@ -136,6 +136,7 @@ class DLRMixer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.output_linear = nn.Linear(hidden_size, 2 * hidden_size if use_glu else hidden_size)
         self.use_glu = use_glu
+        self._kronecker_memo = None  # (parameter versions, recurrence) of DLR-prod, see _recurrence
 
     # ----------------------------------------------------------------------------- parameters
     def _modal_form(self, direction: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,11 +147,21 @@ class DLRMixer(nn.Module):
         return log_modulus, self.ssm.log_lambda_im[lam].float(), torch.view_as_complex(w)  # (H, N), no copy
 
     def _recurrence(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
-        """The diagonal recurrence that decodes this layer: ``(log|Λ|, arg Λ, w, readout)``."""
-        log_modulus, phase, w = self._modal_form(0)
-        if self.kernel_type == "prod":
-            return (*kronecker_dlr(log_modulus, phase, w), "half_imag")
-        return log_modulus, phase, w, "real"
+        """The diagonal recurrence that decodes this layer: ``(log|Λ|, arg Λ, w, readout)``.
+
+        For DLR-prod that is the N²-state Kronecker DLR; building it costs H·N² per call, so outside
+        autograd it is memoized, keyed on the parameters' version counters (any update rebuilds it).
+        """
+        if self.kernel_type != "prod":
+            return (*self._modal_form(0), "real")
+        params = (self.ssm.log_lambda_re, self.ssm.log_lambda_im, self.ssm.weight)
+        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
+        if torch.is_grad_enabled() or self._kronecker_memo is None or self._kronecker_memo[0] != key:
+            value = (*kronecker_dlr(*self._modal_form(0)), "half_imag")
+            if torch.is_grad_enabled():
+                return value
+            self._kronecker_memo = (key, value)
+        return self._kronecker_memo[1]
 
     def kernel(self, length: int, direction: int = 0) -> torch.Tensor:
         """The (H, length) float32 convolution kernel of one direction."""
