@@ -4,6 +4,16 @@ A loader reads the official file layout from ``data_dir`` or ``$SSMHUB_DATA_DIR`
 and downloads through ``datasets.load_dataset`` otherwise.
 """
 
+from .pg19 import (
+    PG19_HUB_DATASET,
+    PG19_SPLITS,
+    PG19Book,
+    encode_document,
+    iter_pg19_books,
+    pg19_book_ids,
+    pg19_token_windows,
+    pg19_word_count,
+)
 from .wikitext import (
     DATA_DIR_ENV,
     HUB_DATASET,
@@ -17,9 +27,17 @@ from .wikitext import (
 __all__ = [
     "DATA_DIR_ENV",
     "HUB_DATASET",
+    "PG19_HUB_DATASET",
+    "PG19_SPLITS",
     "WIKITEXT_VARIANTS",
+    "PG19Book",
+    "encode_document",
+    "iter_pg19_books",
     "load_wikitext",
     "pack_token_windows",
+    "pg19_book_ids",
+    "pg19_token_windows",
+    "pg19_word_count",
     "resolve_data_dir",
     "wikitext_articles",
 ]
