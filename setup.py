@@ -21,9 +21,17 @@ setup(
         "evaluate>=0.4",
         "huggingface-hub>=1.0",
         "safetensors>=0.4",
+        "matplotlib>=3.7",  # the training-curve PNG
+        "pyyaml>=6",  # YAML run configs
     ],
     extras_require={"dev": ["pytest>=8", "pytest-timeout", "ruff>=0.6"]},
-    entry_points={"console_scripts": ["ssmhub-demo=ssmhub.demo:main"]},
+    entry_points={
+        "console_scripts": [
+            "ssmhub-demo=ssmhub.demo:main",
+            "ssmhub-train=ssmhub.training.cli:main",
+            "ssmhub-eval=ssmhub.evaluation.cli:main",
+        ]
+    },
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -1,0 +1,143 @@
+"""Publishing a trained model: its model card (``README.md``) and the upload to the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+__all__ = ["HubPushError", "push_folder_to_hub", "render_model_card", "write_model_card"]
+
+
+class HubPushError(RuntimeError):
+    """The upload to the Hub failed (the local folder is complete)."""
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def render_model_card(
+    *,
+    model_type: str,
+    model_config: dict,
+    train_config: dict,
+    steps: int,
+    tokens_seen: int,
+    metrics: dict,
+    repo_id: str | None = None,
+) -> str:
+    """The README.md of a trained model folder: family, config, data, steps, tokens, metrics and how to load it."""
+    where = repo_id or "path/to/this/folder"
+    size = {
+        k: model_config[k]
+        for k in ("hidden_size", "num_hidden_layers", "state_size", "vocab_size")
+        if k in model_config
+    }
+    metric_rows = "\n".join(f"| {name} | {_fmt(value)} |" for name, value in metrics.items())
+    data = train_config.get("dataset")
+    tokenizer = (
+        train_config.get("tokenizer")
+        or f"byte-level BPE of {train_config.get('vocab_size')} tokens trained on the {data} train split"
+    )
+    return f"""---
+library_name: transformers
+tags:
+- ssmhub
+- {model_type}
+- text-generation
+datasets:
+- {data}
+---
+
+# {model_type} language model trained with ssmhub
+
+A `{model_type}` causal language model (ssmhub family `{model_type}`; {", ".join(f"{k}={v}" for k, v in size.items())})
+trained with `ssmhub-train` on **{data}** for **{steps}** optimizer steps (**{tokens_seen:,}** tokens seen,
+windows of {train_config.get("seq_len")} tokens). Tokenizer: {tokenizer}.
+
+## Results
+
+| metric | value |
+|---|---|
+{metric_rows}
+
+Perplexity is token-level under this model's own tokenizer (not comparable to word-level results).
+
+## How to load it
+
+With ssmhub installed (`import ssmhub` registers the family with the Auto classes):
+
+```python
+import ssmhub
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{where}")
+tokenizer = AutoTokenizer.from_pretrained("{where}")
+```
+
+Without ssmhub, the folder carries the model's code:
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{where}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{where}", trust_remote_code=True)
+```
+
+## Model config
+
+```json
+{json.dumps(model_config, indent=2, sort_keys=True, default=str)}
+```
+
+## Training config
+
+```json
+{json.dumps(train_config, indent=2, sort_keys=True, default=str)}
+```
+"""
+
+
+def write_model_card(folder: str | os.PathLike, **kwargs) -> Path:
+    """Write :func:`render_model_card` into ``folder/README.md``."""
+    path = Path(folder) / "README.md"
+    path.write_text(render_model_card(**kwargs), encoding="utf-8")
+    return path
+
+
+def push_folder_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:
+    """Upload ``folder`` (without its checkpoints) to the Hub repo ``repo_id``; the token comes from $HF_TOKEN.
+
+    Raises HubPushError with a one-line message (never the token) on any failure.
+    """
+    from huggingface_hub import HfApi
+
+    token = os.environ.get("HF_TOKEN") or None
+    try:
+        if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+            raise ConnectionError("HF_HUB_OFFLINE is set")
+        api = HfApi(token=token)
+        url = api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, ignore_patterns=["checkpoints/*", "checkpoints"])
+    except Exception as err:
+        reason = (str(err).strip().splitlines() or [""])[0]
+        if token:
+            reason = reason.replace(token, "***")
+        raise HubPushError(
+            f"push to the Hub repo {repo_id!r} failed ({type(err).__name__}: {reason}); the model is saved "
+            f"locally in {folder}"
+        ) from None
+    return str(url)
+
+
+def final_metrics(train_loss: float | None, eval_loss: float | None) -> dict:
+    """The metrics table of a model card."""
+    metrics = {}
+    if train_loss is not None:
+        metrics["final train loss"] = train_loss
+    if eval_loss is not None:
+        metrics["validation loss"] = eval_loss
+        metrics["validation perplexity"] = math.exp(min(eval_loss, 700.0))
+    return metrics

@@ -1,0 +1,227 @@
+"""End-to-end runs of ssmhub-train on a tiny synthetic WikiText-2: outputs, resume, damage, bad input, push."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+
+import pytest
+import torch
+from training_helpers import losses, tiny_args
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ssmhub.training import TrainConfig, train
+from ssmhub.training.cli import main
+from ssmhub.training.config import config_from_args
+from ssmhub.training.trainer import MetricsLogger
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    main(tiny_args(tiny_data_dir, out))
+    return out
+
+
+def test_outputs_of_a_run(finished_run):
+    out = finished_run
+    train_losses, valid = losses(out), losses(out, "validation")
+    assert sorted(train_losses) == [1, 2, 3, 4, 5, 6] and sorted(valid) == [3, 6]
+    assert train_losses[6] < train_losses[1]  # it learns
+    assert (out / "metrics.csv").read_text().count("\n") == 1 + 6 + 2
+    assert (out / "loss.png").stat().st_size > 1000
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6", "tokenizer"]
+    card = (out / "README.md").read_text()
+    assert "import ssmhub" in card and "trust_remote_code=True" in card and "wikitext-2" in card
+    assert "384" in card  # tokens seen: 6 steps x 4 windows x 16 tokens
+
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == len(tokenizer) == 300
+    ids = tokenizer([" the history of the river"], return_tensors="pt")["input_ids"]
+    assert torch.isfinite(model(ids, labels=ids).loss)
+
+
+def test_gradient_accumulation_matches_a_bigger_batch(tiny_data_dir, tmp_path):
+    main(tiny_args(tiny_data_dir, tmp_path / "big", per_device_train_batch_size=8, save_steps=0))
+    main(
+        tiny_args(
+            tiny_data_dir, tmp_path / "acc", per_device_train_batch_size=4, gradient_accumulation_steps=2, save_steps=0
+        )
+    )
+    big, acc = losses(tmp_path / "big"), losses(tmp_path / "acc")
+    assert big.keys() == acc.keys()
+    for step in big:
+        assert acc[step] == pytest.approx(big[step], abs=1e-5)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def crash_after(step_to_crash):
+    def hook(step):
+        if step == step_to_crash:
+            raise Crash(f"simulated crash after step {step}")
+
+    return hook
+
+
+@pytest.mark.parametrize(("save_steps", "crash_step"), [(4, 10), (5, 12)])
+def test_resume_after_a_crash_gives_the_same_losses(tiny_data_dir, tmp_path, save_steps, crash_step):
+    # 320 train windows in batches of 32: an epoch is 10 steps. Resuming from step 8 crosses into the
+    # second epoch; resuming from step 10 starts exactly at its beginning.
+    options = {"max_steps": 14, "per_device_train_batch_size": 32, "save_steps": save_steps, "eval_steps": 4}
+    main(tiny_args(tiny_data_dir, tmp_path / "full", **options))
+    epochs = {r["step"]: r["epoch"] for r in MetricsLogger.read(tmp_path / "full") if r["split"] == "train"}
+    assert epochs[10] == 0 and epochs[11] == 1
+    args = tiny_args(tiny_data_dir, tmp_path / "crashed", **options)
+    with pytest.raises(Crash):
+        train(config_from_args(args), on_step_end=crash_after(crash_step))
+    assert max(losses(tmp_path / "crashed")) == crash_step
+    main([*args, "--resume"])
+    assert losses(tmp_path / "crashed") == losses(tmp_path / "full")  # exactly, every step
+    assert losses(tmp_path / "crashed", "validation") == losses(tmp_path / "full", "validation")
+
+
+def damage_missing_file(ckpt):
+    (ckpt / "optimizer.bin").unlink()
+
+
+def damage_corrupt_file(ckpt):
+    with open(ckpt / "model.safetensors", "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xfe\xfd")
+
+
+def damage_no_marker(ckpt):
+    (ckpt / "complete.json").unlink()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (damage_missing_file, "optimizer.bin is missing"),
+        (damage_corrupt_file, "model.safetensors does not match"),
+        (damage_no_marker, "no complete.json marker"),
+    ],
+)
+def test_damaged_checkpoint_errors_naming_the_path(finished_run, tmp_path, tiny_data_dir, capsys, damage, message):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    damage(out / "checkpoints" / "step-6")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*tiny_args(tiny_data_dir, out, max_steps=9), "--resume"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(out / "checkpoints" / "step-6") in err and message in err
+    assert max(losses(out)) == 6  # nothing was trained from scratch
+
+
+def test_resume_without_checkpoint_errors(tmp_path, tiny_data_dir, capsys):
+    with pytest.raises(SystemExit):
+        main([*tiny_args(tiny_data_dir, tmp_path / "empty"), "--resume"])
+    assert "no checkpoint in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"data_dir": "/nonexistent/data"}, "data folder /nonexistent/data .* does not exist"),
+        ({"seq_len": 0}, "seq_len must be a positive integer"),
+        (
+            {"model_type": "gpt2", "model_config": '{"n_positions": 8, "n_embd": 16, "n_layer": 1, "n_head": 2}'},
+            "seq_len 16 exceeds the model's (max_position_embeddings|n_positions)=8",
+        ),
+        ({"model_config": '{"hidden_size": 16, "hiden_layers": 1}'}, "model_config key 'hiden_layers' is not a field"),
+        (
+            {"model_config": '{"hidden_size": 16, "num_hidden_layers": 1, "vocab_size": 100}'},
+            "tokenizer has 300 tokens but model_config forces vocab_size=100",
+        ),
+        ({"model_type": "no-such-family"}, "no-such-family"),
+        ({"dataset": "pg19"}, "not available yet"),
+        ({"tokenizer": "/nonexistent/tok"}, "tokenizer /nonexistent/tok does not exist"),
+        ({"report_to": "no-such-tracker"}, "Unsupported logging capability: no-such-tracker"),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, tiny_data_dir, capsys, overrides, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_args(tiny_data_dir, tmp_path / "bad", **overrides))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ssmhub-train: error:") and "\n" not in err
+    assert re.search(message, err), err
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def test_push_offline_fails_after_the_local_save(tmp_path, tiny_data_dir, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_for_test")
+    out = tmp_path / "pushed"
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_args(tiny_data_dir, out, save_steps=0, push_to_hub=None, hub_model_id="my-org/tiny-dlr"))
+    assert exit_info.value.code == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "ssmhub-train: error:" in line]
+    assert len(err) == 1 and "my-org/tiny-dlr" in err[0] and "HF_HUB_OFFLINE" in err[0]
+    err = "\n".join(err)
+    assert "my-org/tiny-dlr" in err and "hf_secret_token_for_test" not in err
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "loss.png"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert "my-org/tiny-dlr" in (out / "README.md").read_text()
+    AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_train_api_returns_a_result(tmp_path, tiny_data_dir):
+    config = TrainConfig(
+        output_dir=str(tmp_path / "api"),
+        data_dir=str(tiny_data_dir),
+        vocab_size=300,
+        seq_len=16,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        warmup_steps=1,
+        save_steps=0,
+        eval_steps=0,
+        max_eval_windows=4,
+        cpu=True,
+        model_config=json.loads('{"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4}'),
+    )
+    result = train(config)
+    assert result.steps == 2 and result.tokens_seen == 2 * 4 * 16
+    assert math.isfinite(result.eval_loss) and result.train_loss == losses(tmp_path / "api")[2]
+
+
+def test_resume_with_a_different_data_option_errors(finished_run, tmp_path, tiny_data_dir, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    with pytest.raises(SystemExit):
+        main([*tiny_args(tiny_data_dir, out, max_steps=9, seq_len=8), "--resume"])
+    assert "--resume: seq_len is 8 but the run in" in capsys.readouterr().err
+
+
+def test_fresh_run_into_a_used_output_dir_errors(finished_run, tmp_path, tiny_data_dir, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    with pytest.raises(SystemExit):
+        main(tiny_args(tiny_data_dir, out))
+    assert "holds checkpoints of an earlier run" in capsys.readouterr().err
+    main(tiny_args(tiny_data_dir, out, max_steps=4, overwrite_output_dir=None))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "tokenizer"]
+
+
+def test_given_tokenizer_is_used(finished_run, tmp_path, tiny_data_dir):
+    out = tmp_path / "tok"
+    main(tiny_args(tiny_data_dir, out, tokenizer=finished_run, vocab_size=999, max_steps=2, save_steps=0))
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(finished_run).get_vocab()
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 300
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path, tiny_data_dir):
+    out = tmp_path / "keep"
+    main(tiny_args(tiny_data_dir, out, max_steps=5, save_steps=1, save_total_limit=2, eval_steps=0))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-4", "step-5", "tokenizer"]
+    state = json.loads((out / "checkpoints" / "step-5" / "trainer_state.json").read_text())
+    assert state == {"step": 5, "epoch": 0, "position": 5}

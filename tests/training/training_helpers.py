@@ -1,0 +1,74 @@
+"""Helpers of the training tests: a tiny synthetic WikiText-2 folder and the flags of a run of seconds."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from ssmhub.training.trainer import MetricsLogger
+
+WORDS = [
+    *"the of and in to a was is for on as by with he at from his an were are which that it".split(),
+    "history",
+    "river",
+    "battle",
+    "album",
+    "church",
+    "season",
+    "village",
+    "song",
+    "king",
+    "city",
+    "game",
+    "war",
+]
+
+
+def write_tiny_wikitext(root: Path, seed: int = 0) -> Path:
+    """``root/wikitext-2/wiki.{train,valid,test}.tokens`` with a few articles of random words."""
+    rng = random.Random(seed)
+    folder = root / "wikitext-2"
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, articles in (("train", 12), ("valid", 3), ("test", 3)):
+        lines = []
+        for a in range(articles):
+            lines += ["", f" = {split.title()} article {a} = ", ""]
+            for _ in range(6):
+                lines.append(" " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 40))) + " ")
+        (folder / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+TINY_MODEL = '{"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4}'
+
+
+def tiny_args(data_dir: Path, output_dir: Path, /, **overrides) -> list[str]:
+    """CLI flags of a run of a few seconds; ``overrides`` replace or add flags (value None: a bare flag)."""
+    options = {
+        "data_dir": str(data_dir),
+        "output_dir": str(output_dir),
+        "vocab_size": "300",
+        "seq_len": "16",
+        "model_config": TINY_MODEL,
+        "per_device_train_batch_size": "4",
+        "max_steps": "6",
+        "warmup_steps": "2",
+        "learning_rate": "0.01",
+        "eval_steps": "3",
+        "save_steps": "3",
+        "logging_steps": "1",
+        "max_eval_windows": "8",
+        "cpu": None,
+    }
+    options.update(overrides)
+    args = []
+    for key, value in options.items():
+        if value is False:
+            continue
+        args += [f"--{key}"] if value is None or value is True else [f"--{key}", str(value)]
+    return args
+
+
+def losses(output_dir: Path, split: str = "train") -> dict[int, float]:
+    """step -> loss of one split in a run's metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in MetricsLogger.read(output_dir) if r["split"] == split}
