@@ -1,31 +1,26 @@
-"""End-to-end demo: train a small DLR language model on WikiText-2 on the CPU, save, reload, generate.
+"""End-to-end demo: the training pipeline on small defaults, on the CPU, in a few minutes.
 
-Run ``python -m ssmhub.demo`` (or ``ssmhub-demo``); with the defaults it takes about 3.5 minutes on
-two CPU cores. Steps:
+Run ``python -m ssmhub.demo`` (or ``ssmhub-demo``; ``make demo`` sets everything up first). Steps:
 
-1. load WikiText-2 (from ``--data-dir`` / ``$SSMHUB_DATA_DIR``, else from the Hugging Face Hub);
-2. train a byte-level BPE tokenizer (``--vocab-size``) on the train split;
-3. pack the articles, joined by ``<|endoftext|>``, into windows of ``--seq-len`` tokens;
-4. train a :class:`~ssmhub.DLRForCausalLM` with AdamW, warmup + cosine, until ``--max-minutes``
-   or ``--max-steps``;
-5. report token-level validation perplexity (under the demo's own tokenizer);
-6. ``save_pretrained`` model and tokenizer into ``--output-dir``, reload both with the Auto classes,
-   check the reloaded model's loss, and generate from a left-padded batch of prompts.
+1. :func:`ssmhub.training.train` (what ``ssmhub-train`` runs): load WikiText-2 (``--data-dir`` /
+   ``$SSMHUB_DATA_DIR``, else the Hugging Face Hub), train a byte-level BPE on the train split, train a
+   small :class:`~ssmhub.DLRForCausalLM` with Accelerate (AdamW over the model's parameter groups, warmup
+   + cosine), evaluate it, checkpoint it, and save model, tokenizer and model card in ``--output-dir``;
+2. ``ssmhub-eval`` on the saved folder: sliding-window token- and word-level perplexity and top-1/top-5
+   next-token accuracy on the whole WikiText-2 validation split;
+3. reload the folder with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and generate from a left-padded
+   batch of prompts, checking that padding does not change what a prompt generates.
 """
 
-from __future__ import annotations
-
 import argparse
-import math
 import os
-import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from . import DLRConfig, DLRForCausalLM
-from .data import DATA_DIR_ENV, load_wikitext, pack_token_windows, resolve_data_dir, wikitext_articles
-from .tokenization import train_bpe_tokenizer
+from .data import DATA_DIR_ENV
+from .evaluation.cli import run_evaluation
+from .training import TrainConfig, train
 
 PROMPTS = [" The history of", " In 1998 ,"]  # WikiText lines start with a space
 
@@ -33,7 +28,7 @@ PROMPTS = [" The history of", " In 1998 ,"]  # WikiText lines start with a space
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m ssmhub.demo",
-        description="Train a small DLR language model on WikiText-2 on the CPU, save it, reload it and generate.",
+        description="Train a small DLR language model on WikiText-2 on the CPU, evaluate, reload and generate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -41,9 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get(DATA_DIR_ENV) or None,
         help=f"folder holding wikitext-2/wiki.*.tokens (default ${DATA_DIR_ENV}; if unset, the Hugging Face Hub)",
     )
-    parser.add_argument("--output-dir", default="runs/demo", help="where model and tokenizer are saved")
-    parser.add_argument("--max-minutes", type=float, default=3.0, help="training time budget")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (also)")
+    parser.add_argument("--output-dir", default="runs/demo", help="where model, tokenizer and card are saved")
+    parser.add_argument("--max-steps", type=int, default=600, help="training steps (about 3 minutes on 2 cores)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--vocab-size", type=int, default=4096, help="size of the BPE trained on the train split")
@@ -54,172 +48,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--warmup-steps", type=int, default=50)
-    parser.add_argument("--eval-windows", type=int, default=512, help="validation windows evaluated (0: all)")
-    parser.add_argument("--log-every", type=int, default=20)
+    parser.add_argument("--eval-windows", type=int, default=512, help="validation windows evaluated in training")
+    parser.add_argument("--eval-max-length", type=int, default=256, help="sliding-window length of the evaluation")
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.max_minutes <= 0 and args.max_steps is None:
-        parser.error("give a positive --max-minutes or a --max-steps")
-    return args
-
-
-def tokenize_windows(tokenizer, articles: list[str], seq_len: int) -> torch.LongTensor:
-    """Tokenize articles and pack them, joined by eos, into (num_windows, seq_len) windows."""
-    ids = tokenizer(articles, add_special_tokens=False)["input_ids"]
-    return pack_token_windows(ids, seq_len, eos_token_id=tokenizer.eos_token_id)
-
-
-@torch.no_grad()
-def mean_loss(model, windows: torch.LongTensor, batch_size: int) -> float:
-    """Mean next-token loss over windows (each window predicts its tokens 2..seq_len from its own prefix)."""
-    model.eval()
-    total, count = 0.0, 0
-    for start in range(0, len(windows), batch_size):
-        batch = windows[start : start + batch_size]
-        loss = model(batch, labels=batch, use_cache=False).loss
-        n = batch.numel() - batch.shape[0]  # predicted tokens: all but each window's first
-        total, count = total + loss.item() * n, count + n
-    return total / count
-
-
-def lr_factor(step: int, progress: float, warmup_steps: int, min_ratio: float = 0.1) -> float:
-    """Linear warmup over ``warmup_steps``, then cosine decay to ``min_ratio`` as ``progress`` goes 0 -> 1."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def train(model, windows: torch.LongTensor, args: argparse.Namespace) -> int:
-    """Train until the step or time budget is spent; returns the number of steps taken.
-
-    The cosine schedule follows ``progress = max(step / max_steps, elapsed / time budget)``, so the
-    learning rate decays over whichever budget ends first.
-    """
-    optimizer = torch.optim.AdamW(model.optimizer_param_groups(weight_decay=args.weight_decay, lr=args.lr))
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    budget_s = args.max_minutes * 60 if args.max_minutes > 0 else math.inf
-    max_steps = args.max_steps if args.max_steps is not None else math.inf
-    warmup_steps = min(args.warmup_steps, max(1, int(max_steps) // 10)) if max_steps < math.inf else args.warmup_steps
-    generator = torch.Generator().manual_seed(args.seed)
-    order, cursor = torch.randperm(len(windows), generator=generator), 0
-
-    model.train()
-    start, step, running = time.perf_counter(), 0, []
-    while True:
-        elapsed = time.perf_counter() - start
-        progress = max(step / max_steps, elapsed / budget_s)
-        if progress >= 1:
-            break
-        for group, base_lr in zip(optimizer.param_groups, base_lrs):
-            group["lr"] = base_lr * lr_factor(step, progress, warmup_steps)
-        if cursor + args.batch_size > len(windows):  # next epoch
-            order, cursor = torch.randperm(len(windows), generator=generator), 0
-        batch = windows[order[cursor : cursor + args.batch_size]]
-        cursor += args.batch_size
-
-        loss = model(batch, labels=batch, use_cache=False).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        step += 1
-        running.append(loss.item())
-        if step % args.log_every == 0 or step == 1:
-            avg = sum(running) / len(running)
-            print(
-                f"step {step:5d} | loss {avg:.3f} | lr {optimizer.param_groups[0]['lr']:.2e} "
-                f"| {time.perf_counter() - start:6.1f} s",
-                flush=True,
-            )
-            running = []
-    return step
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    t0 = time.perf_counter()
-
-    # 1. data
-    data_dir = resolve_data_dir(args.data_dir)
-    source = f"local folder {data_dir}" if data_dir is not None else "the Hugging Face Hub"
-    print(f"loading WikiText-2 from {source}", flush=True)
-    train_articles = wikitext_articles(load_wikitext("wikitext-2", "train", data_dir))
-    valid_articles = wikitext_articles(load_wikitext("wikitext-2", "validation", data_dir))
-
-    # 2. tokenizer (all of the train split: about 2 s on 2 cores at vocab 4096)
-    t = time.perf_counter()
-    tokenizer = train_bpe_tokenizer(train_articles, vocab_size=args.vocab_size)
-    print(f"trained a byte-level BPE with {len(tokenizer)} tokens in {time.perf_counter() - t:.1f} s")
-
-    # 3. windows
-    train_windows = tokenize_windows(tokenizer, train_articles, args.seq_len)
-    valid_windows = tokenize_windows(tokenizer, valid_articles, args.seq_len)
-    num_valid = len(valid_windows)
-    if 0 < args.eval_windows < num_valid:
-        valid_windows = valid_windows[: args.eval_windows]
-    print(
-        f"train: {len(train_articles)} articles -> {train_windows.numel():,} tokens in {len(train_windows):,} "
-        f"windows of {args.seq_len}; validation: {len(valid_windows)} of {num_valid} windows evaluated"
+    config = TrainConfig(
+        output_dir=args.output_dir,
+        overwrite_output_dir=True,
+        dataset="wikitext-2",
+        data_dir=args.data_dir,
+        seq_len=args.seq_len,
+        max_eval_windows=args.eval_windows,
+        vocab_size=args.vocab_size,
+        model_type="dlr",
+        model_config={
+            "hidden_size": args.hidden_size,
+            "num_hidden_layers": args.num_layers,
+            "state_size": args.state_size,
+            "intermediate_size": args.intermediate_size,
+        },
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=min(args.warmup_steps, max(1, args.max_steps // 10)),
+        logging_steps=20,
+        eval_steps=max(1, args.max_steps // 3),
+        save_steps=max(1, args.max_steps // 3),
+        save_total_limit=1,
+        seed=args.seed,
+        cpu=True,
     )
+    print("== 1. train (ssmhub.training.train, as ssmhub-train runs it)", flush=True)
+    result = train(config)
+    print(f"trained {result.steps} steps, {result.tokens_seen:,} tokens; final validation loss {result.eval_loss:.4f}")
 
-    # 4. model and training
-    eos = tokenizer.eos_token_id
-    config = DLRConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_layers,
-        state_size=args.state_size,
-        intermediate_size=args.intermediate_size,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=eos,
-        eos_token_id=eos,
-    )
-    model = DLRForCausalLM(config)
-    num_params = sum(p.numel() for p in model.parameters())
-    budget = [f"{args.max_minutes:g} min"] if args.max_minutes > 0 else []
-    budget += [f"{args.max_steps} steps"] if args.max_steps is not None else []
-    print(f"DLR LM: {num_params / 1e6:.2f}M parameters; training for {' or '.join(budget)}", flush=True)
-    t = time.perf_counter()
-    steps = train(model, train_windows, args)
-    train_s = time.perf_counter() - t
-    tokens_seen = steps * args.batch_size * args.seq_len
-    print(f"trained {steps} steps ({tokens_seen:,} tokens) in {train_s:.1f} s ({tokens_seen / train_s:,.0f} tok/s)")
+    print("\n== 2. evaluate the saved folder (ssmhub-eval)", flush=True)
+    stride = args.eval_max_length // 2
+    eval_argv = [args.output_dir, "--dataset", "wikitext-2", "--split", "validation",
+                 "--max_length", str(args.eval_max_length), "--stride", str(stride), "--batch-size", "8",
+                 "--output", os.path.join(args.output_dir, "eval_wikitext-2_validation.json")]  # fmt: skip
+    if args.data_dir:
+        eval_argv += ["--data-dir", args.data_dir]
+    run_evaluation(eval_argv)  # prints its table and writes the JSON next to the model
 
-    # 5. validation perplexity
-    t = time.perf_counter()
-    valid_loss = mean_loss(model, valid_windows, args.batch_size)
-    print(
-        f"validation: loss {valid_loss:.4f}, perplexity {math.exp(valid_loss):.2f} "
-        f"(token-level, under the demo's own {len(tokenizer)}-token BPE, not comparable to word-level WikiText "
-        f"results; the first {len(valid_windows)} non-overlapping {args.seq_len}-token windows of the "
-        f"validation split, {valid_windows.numel() - len(valid_windows):,} predicted tokens; "
-        f"{time.perf_counter() - t:.1f} s)"
-    )
-
-    # 6. save, reload with the Auto classes, check, generate
-    model.save_pretrained(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
-    print(f"saved model and tokenizer to {args.output_dir}")
-    check_batch = valid_windows[: args.batch_size]
-    reload_and_generate(args, check_batch, mean_loss(model, check_batch, len(check_batch)))
-    print(f"done in {time.perf_counter() - t0:.1f} s")
+    print("\n== 3. reload with AutoModelForCausalLM and generate", flush=True)
+    reload_and_generate(args)
 
 
-def reload_and_generate(args: argparse.Namespace, check_batch: torch.LongTensor, expected_loss: float) -> None:
-    """Reload the saved folder as a user would, check it, and print sampled and greedy generations."""
+def reload_and_generate(args: argparse.Namespace) -> None:
+    """Reload the saved folder as a user would and print sampled and greedy generations."""
     # As a user would: ``import ssmhub`` (done by this package) registers DLR with the Auto classes.
     model = AutoModelForCausalLM.from_pretrained(args.output_dir)
     tok = AutoTokenizer.from_pretrained(args.output_dir)
-    reloaded_loss = mean_loss(model, check_batch, len(check_batch))
-    if not math.isclose(reloaded_loss, expected_loss, rel_tol=1e-5, abs_tol=1e-5):
-        raise SystemExit(f"reload check FAILED: loss {reloaded_loss:.6f} after reloading vs {expected_loss:.6f}")
-    print(
-        f"reload check: {type(model).__name__} from {args.output_dir} gives loss {reloaded_loss:.6f} on one "
-        f"validation batch, as before saving ({expected_loss:.6f})"
-    )
-
+    print(f"reloaded {type(model).__name__} ({model.num_parameters() / 1e6:.2f}M parameters) from {args.output_dir}")
     tok.padding_side = "left"
     batch = tok(PROMPTS, return_tensors="pt", padding=True)
     gen = {"max_new_tokens": args.max_new_tokens, "pad_token_id": tok.pad_token_id}
