@@ -33,6 +33,7 @@ test-all: lint
 bench: venv
 	$(PY) benchmarks/decode_vs_context.py
 	$(PY) benchmarks/fftconv_vs_direct.py
+	$(PY) benchmarks/train_throughput.py
 
 clean:
 	rm -rf $(VENV) runs build dist src/*.egg-info .pytest_cache .ruff_cache

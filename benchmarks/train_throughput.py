@@ -30,7 +30,8 @@ tokenization, model build) and the final save are outside the timed steps. token
 median step time. For each length the runs are interleaved (DLR, GPT-2, DLR, GPT-2, ... for ``--repeats``)
 and the median is taken over all timed steps of all repeats.
 
-Run: ``SSMHUB_DATA_DIR=/work/shared/data python benchmarks/train_throughput.py`` (2-3 min on 2 idle CPU cores).
+Run: ``SSMHUB_DATA_DIR=../shared/data python benchmarks/train_throughput.py`` or ``make bench``
+(2-3 min on 2 idle CPU cores).
 """
 
 from __future__ import annotations
