@@ -13,10 +13,11 @@ import platform
 import shlex
 import statistics
 import sys
-import tempfile
 from collections.abc import Sequence
 
 import torch
+
+from ssmhub.fileio import write_text_atomic
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -93,18 +94,6 @@ def write_report(script_name: str, title: str, sections: Sequence[str], results_
         "",
     ]
     text = "\n".join(header) + "\n" + "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
-    os.makedirs(results_dir, exist_ok=True)
     path = os.path.join(results_dir, f"{script_name}.md")
-    fd, tmp = tempfile.mkstemp(prefix=f".{script_name}.", suffix=".md.tmp", dir=results_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, text)
     return path

@@ -23,11 +23,9 @@ Documents and word counts:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -44,6 +42,7 @@ from ..data import (
     wikitext_articles,
 )
 from ..data.wikitext import HUB_DATASET as WIKITEXT_HUB_DATASET
+from ..fileio import write_json_atomic
 from .perplexity import PerplexityResult, evaluate_perplexity, sliding_windows
 
 __all__ = ["build_parser", "main", "run_evaluation", "write_json_atomic"]
@@ -216,23 +215,6 @@ def _format_table(rows: list[dict]) -> str:
 def _json_safe(value):
     """NaN -> None, so the file is strict JSON."""
     return None if isinstance(value, float) and math.isnan(value) else value
-
-
-def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def run_evaluation(argv: Sequence[str] | None = None) -> dict:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from ..fileio import write_json_atomic, write_text_atomic
 from .auto import FAMILIES
 
 __all__ = ["bundle_sources", "write_remote_code"]
@@ -91,17 +90,6 @@ def bundle_sources(root_modules: list[str]) -> dict[str, str]:
     return sources
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_remote_code(model_class: type, save_directory: str) -> dict[str, str]:
     """Write the flat code bundle of ``model_class``'s family into ``save_directory`` and set
     ``auto_map`` in its ``config.json``. Returns the auto_map."""
@@ -112,10 +100,10 @@ def write_remote_code(model_class: type, save_directory: str) -> dict[str, str]:
     sources = bundle_sources(sorted({cls.__module__ for cls in classes.values()}))
     directory = Path(save_directory)
     for name, text in sources.items():
-        _write_atomic(directory / f"{name}.py", text)
+        write_text_atomic(directory / f"{name}.py", text)
     auto_map = {auto: f"{_flat_name(cls.__module__)}.{cls.__name__}" for auto, cls in classes.items()}
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
-    _write_atomic(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(config_path, config, sort_keys=True)
     return auto_map

@@ -16,7 +16,8 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+
+from ..fileio import write_json_atomic
 
 __all__ = [
     "MARKER",
@@ -59,13 +60,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_json(path: Path, value: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state: dict, keep_last: int = 0) -> Path:
     """Save the accelerator's state and ``state`` as ``step-{step}`` atomically; keep the newest ``keep_last``.
 
@@ -81,13 +75,13 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        _write_json(tmp / STATE_FILE, {"step": step, **state})
+        write_json_atomic(tmp / STATE_FILE, {"step": step, **state})
         files = {
             str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)}
             for p in sorted(tmp.rglob("*"))
             if p.is_file()
         }
-        _write_json(tmp / MARKER, {"step": step, "files": files})  # written last: the folder is complete
+        write_json_atomic(tmp / MARKER, {"step": step, "files": files})  # written last: the folder is complete
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)

@@ -7,6 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from ..fileio import write_text_atomic
+
 __all__ = ["HubPushError", "push_folder_to_hub", "render_model_card", "write_model_card"]
 
 
@@ -102,9 +104,7 @@ tokenizer = AutoTokenizer.from_pretrained("{where}", trust_remote_code=True)
 
 def write_model_card(folder: str | os.PathLike, **kwargs) -> Path:
     """Write :func:`render_model_card` into ``folder/README.md``."""
-    path = Path(folder) / "README.md"
-    path.write_text(render_model_card(**kwargs), encoding="utf-8")
-    return path
+    return write_text_atomic(Path(folder) / "README.md", render_model_card(**kwargs))
 
 
 def push_folder_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = False) -> str:

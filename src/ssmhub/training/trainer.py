@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
+from ..fileio import write_json_atomic, write_text_atomic
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import build_windows, check_data_dir, load_documents
@@ -157,11 +159,12 @@ class MetricsLogger:
         self.jsonl, self.csv = output_dir / "metrics.jsonl", output_dir / "metrics.csv"
         if accelerator.is_main_process:
             kept = [r for r in self.read(output_dir) if resume_step is not None and r["step"] <= resume_step]
-            self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            with open(self.csv, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
-                writer.writeheader()
-                writer.writerows(kept)
+            write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
+            table = io.StringIO(newline="")
+            writer = csv.DictWriter(table, fieldnames=METRIC_FIELDS)
+            writer.writeheader()
+            writer.writerows(kept)
+            write_text_atomic(self.csv, table.getvalue())
 
     @staticmethod
     def read(output_dir: str | os.PathLike) -> list[dict]:
@@ -363,7 +366,7 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         saved = {**config.to_dict(), "num_processes": accelerator.num_processes}
-        (output_dir / "train_config.json").write_text(json.dumps(saved, indent=2), encoding="utf-8")
+        write_json_atomic(output_dir / "train_config.json", saved)
     accelerator.init_trackers("ssmhub-train", config={k: str(v) for k, v in config.to_dict().items()})
     logger = MetricsLogger(accelerator, output_dir, resume_step=step if config.resume else None)
 
