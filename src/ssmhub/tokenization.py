@@ -14,7 +14,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-__all__ = ["ENDOFTEXT", "load_tokenizer", "train_bpe_tokenizer"]
+__all__ = ["ENDOFTEXT", "encode_document", "load_tokenizer", "train_bpe_tokenizer"]
 
 ENDOFTEXT = "<|endoftext|>"
 _BYTE_ALPHABET_SIZE = 256
@@ -80,6 +80,11 @@ def train_bpe_tokenizer(
         clean_up_tokenization_spaces=False,
         **kwargs,
     )
+
+
+def encode_document(tokenizer, text: str) -> list[int]:
+    """Token ids of a whole document, no special tokens added, with no warning about its length."""
+    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
 
 def load_tokenizer(path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerFast:

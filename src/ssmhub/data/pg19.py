@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
+from ..tokenization import encode_document
 from .wikitext import DATA_DIR_ENV, resolve_data_dir
 
 __all__ = [
     "PG19_HUB_DATASET",
     "PG19_SPLITS",
     "PG19Book",
-    "encode_document",
     "iter_pg19_books",
     "pg19_book_ids",
     "pg19_token_windows",
@@ -166,11 +166,6 @@ def iter_pg19_books(
     # The split folder is checked now, so a missing one fails here rather than at the first next().
     books = _hub_books(split) if root is None else _local_books(root, _split_folder(root, split))
     return itertools.islice(books, max_books)
-
-
-def encode_document(tokenizer, text: str) -> list[int]:
-    """Token ids of a whole document, no special tokens added, with no warning about its length."""
-    return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
 
 def pg19_token_windows(books: Iterable[PG19Book | str], tokenizer, seq_len: int) -> Iterator[torch.LongTensor]:

@@ -33,7 +33,6 @@ from ..data import (
     DATA_DIR_ENV,
     PG19_HUB_DATASET,
     WIKITEXT_VARIANTS,
-    encode_document,
     iter_pg19_books,
     load_wikitext,
     pg19_book_ids,
@@ -43,6 +42,7 @@ from ..data import (
 )
 from ..data.wikitext import HUB_DATASET as WIKITEXT_HUB_DATASET
 from ..fileio import write_json_atomic
+from ..tokenization import encode_document
 from .perplexity import PerplexityResult, evaluate_perplexity, sliding_windows
 
 __all__ = ["build_parser", "main", "run_evaluation", "write_json_atomic"]
