@@ -24,7 +24,7 @@ setup(
         "matplotlib>=3.7",  # the training-curve PNG
         "pyyaml>=6",  # YAML run configs
     ],
-    extras_require={"dev": ["pytest>=8", "pytest-timeout", "ruff>=0.6"]},
+    extras_require={"dev": ["pytest>=8", "pytest-timeout", "ruff>=0.6", "tensorboard"]},
     entry_points={
         "console_scripts": [
             "ssmhub-demo=ssmhub.demo:main",

@@ -130,10 +130,12 @@ def build_tokenizer(args, workdir: str) -> str:
     if args.tokenizer:
         return args.tokenizer
     from ssmhub.tokenization import train_bpe_tokenizer
-    from ssmhub.training import load_documents
+    from ssmhub.training import corpus_source, iter_documents
 
     start = time.perf_counter()
-    tokenizer = train_bpe_tokenizer(load_documents("wikitext-2", "train", args.data_dir), vocab_size=args.vocab_size)
+    tokenizer = train_bpe_tokenizer(
+        iter_documents(corpus_source("wikitext-2", "train", args.data_dir)), vocab_size=args.vocab_size
+    )
     path = os.path.join(workdir, "tokenizer")
     tokenizer.save_pretrained(path)
     print(f"trained a byte-level BPE of {len(tokenizer)} tokens in {time.perf_counter() - start:.1f} s", flush=True)

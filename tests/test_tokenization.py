@@ -99,3 +99,52 @@ def test_shared_neox_tokenizer_json():
     assert tok("Hello world")["input_ids"] == [12092, 1533]
     assert tok.eos_token == tok.pad_token == ENDOFTEXT
     assert tok.eos_token_id == 0
+
+
+TRICKY = (
+    "First line\nsecond  line \n\n  indented\nword\n\n\nx\n \ny\n'tis\n  \n"
+    + "".join(f"line {i} of text, with {i % 7} commas\n" for i in range(200))
+    + "A\nB\nC\n\u00e9\u0301\nend"
+)
+
+
+def _pieces_equal_whole(tok, text: str) -> None:
+    from ssmhub.tokenization import encode_document, encode_documents
+
+    whole = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+    for piece_chars in (8, 50, 1000):
+        assert encode_document(tok, text, piece_chars=piece_chars) == whole
+    assert encode_documents(tok, [text, "short", text], piece_chars=50) == [
+        whole,
+        tok("short", add_special_tokens=False)["input_ids"],
+        whole,
+    ]
+
+
+def test_encoding_a_long_document_in_pieces_gives_the_same_ids(tokenizer):
+    _pieces_equal_whole(tokenizer, TRICKY)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt-neox-20b"])
+def test_pieces_equal_whole_for_shared_tokenizers_on_a_pg19_book(name):
+    folder = _shared_tokenizers()
+    tok = load_tokenizer(folder / name if name == "gpt2" else folder / name / "tokenizer.json")
+    book = folder.parent / "pg19" / "validation" / "28213.txt"
+    text = book.read_text(encoding="utf-8")[:300_000] if book.is_file() else TRICKY
+    from ssmhub.tokenization import encode_document
+
+    whole = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+    assert encode_document(tok, text, piece_chars=4096) == whole
+    _pieces_equal_whole(tok, TRICKY)
+
+
+def test_tokenizers_with_a_prefix_space_encode_whole():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from ssmhub.tokenization import encode_document
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "Ġa": 1, "Ċ": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    text = "a\na\n" * 10
+    assert encode_document(tok, text, piece_chars=4) == tok(text, add_special_tokens=False)["input_ids"]

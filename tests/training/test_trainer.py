@@ -86,6 +86,28 @@ def test_resume_after_a_crash_gives_the_same_losses(tiny_data_dir, tmp_path, sav
     assert losses(tmp_path / "crashed", "validation") == losses(tmp_path / "full", "validation")
 
 
+def test_pg19_run_resumes_exactly_and_reuses_the_token_cache(tiny_pg19_dir, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    options = {"dataset": "pg19", "max_steps": 8, "save_steps": 4, "eval_steps": 4, "cache_dir": str(cache)}
+    main(tiny_args(tiny_pg19_dir, tmp_path / "full", **options))
+    entries = sorted(p.name for p in (cache / "token_windows").iterdir())
+    assert len(entries) == 2 and all(name.startswith("pg19-") for name in entries)  # train and validation
+
+    # A second run tokenizes nothing: its windows come from the same cache entries.
+    import datasets
+
+    def no_map(*args, **kwargs):
+        raise AssertionError("datasets.map called although the windows are cached")
+
+    monkeypatch.setattr(datasets.Dataset, "map", no_map)
+    args = tiny_args(tiny_pg19_dir, tmp_path / "crashed", **options)
+    with pytest.raises(Crash):
+        train(config_from_args(args), on_step_end=crash_after(6))
+    main([*args, "--resume"])
+    assert losses(tmp_path / "crashed") == losses(tmp_path / "full")
+    assert sorted(p.name for p in (cache / "token_windows").iterdir()) == entries
+
+
 def damage_missing_file(ckpt):
     (ckpt / "optimizer.bin").unlink()
 
@@ -141,7 +163,7 @@ def test_resume_without_checkpoint_errors(tmp_path, tiny_data_dir, capsys):
             "tokenizer has 300 tokens but model_config forces vocab_size=100",
         ),
         ({"model_type": "no-such-family"}, "no-such-family"),
-        ({"dataset": "pg19"}, "not available yet"),
+        ({"dataset": "pg19"}, "PG-19 split 'train': missing folder"),
         ({"tokenizer": "/nonexistent/tok"}, "tokenizer /nonexistent/tok does not exist"),
         ({"report_to": "no-such-tracker"}, "Unsupported logging capability: no-such-tracker"),
     ],
@@ -225,3 +247,20 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, tiny_data_dir):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-4", "step-5", "tokenizer"]
     state = json.loads((out / "checkpoints" / "step-5" / "trainer_state.json").read_text())
     assert state == {"step": 5, "epoch": 0, "position": 5}
+
+
+def test_tensorboard_tracker_gets_the_logged_metrics(tmp_path, tiny_data_dir):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    main(tiny_args(tiny_data_dir, out, save_steps=0, report_to="tensorboard"))
+    events = list(out.rglob("events.out.tfevents.*"))
+    assert events, f"no TensorBoard event file under {out}"
+    accumulator = EventAccumulator(str(events[0].parent))
+    accumulator.Reload()
+    logged = {e.step: e.value for e in accumulator.Scalars("train/loss")}
+    assert logged.keys() == losses(out).keys()
+    for step, loss in losses(out).items():
+        assert logged[step] == pytest.approx(loss, rel=1e-6)
+    assert [e.step for e in accumulator.Scalars("validation/loss")] == [3, 6]

@@ -39,6 +39,22 @@ def write_tiny_wikitext(root: Path, seed: int = 0) -> Path:
     return root
 
 
+def write_tiny_pg19(root: Path, seed: int = 0) -> Path:
+    """``root/pg19/{train,validation}/ID.txt`` (CRLF, official layout) and metadata.csv: a few short books."""
+    rng = random.Random(seed)
+    metadata = []
+    for split, books in (("train", 6), ("validation", 2)):
+        folder = root / "pg19" / split
+        folder.mkdir(parents=True, exist_ok=True)
+        for b in range(books):
+            book_id = f"{split[0]}{100 + b}"
+            lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 14))) for _ in range(rng.randint(30, 60))]
+            (folder / f"{book_id}.txt").write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8"))
+            metadata.append(f"{book_id},Book {book_id},1900,http://www.gutenberg.org/ebooks/{book_id}\n")
+    (root / "pg19" / "metadata.csv").write_text("".join(metadata), encoding="utf-8")
+    return root
+
+
 TINY_MODEL = '{"hidden_size": 16, "num_hidden_layers": 1, "state_size": 4}'
 
 

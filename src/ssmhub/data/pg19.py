@@ -25,6 +25,7 @@ so a word-level number does not depend on the tokenizer.
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import os
 from collections.abc import Iterable, Iterator
@@ -34,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..tokenization import encode_document
+from .token_cache import CorpusSource, files_fingerprint
 from .wikitext import DATA_DIR_ENV, resolve_data_dir
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "PG19Book",
     "iter_pg19_books",
     "pg19_book_ids",
+    "pg19_source",
     "pg19_token_windows",
     "pg19_word_count",
 ]
@@ -166,6 +169,32 @@ def iter_pg19_books(
     # The split folder is checked now, so a missing one fails here rather than at the first next().
     books = _hub_books(split) if root is None else _local_books(root, _split_folder(root, split))
     return itertools.islice(books, max_books)
+
+
+def pg19_source(
+    split: str = "train", data_dir: str | os.PathLike | None = None, max_books: int | None = None
+) -> CorpusSource:
+    """A split's books as a :class:`~ssmhub.data.token_cache.CorpusSource` with "document" packing.
+
+    Windows built from it never cross a book boundary, and the books are read one at a time. The
+    split is resolved now (a missing local folder fails here); the fingerprint of a local split is
+    its book files' names, sizes and times, of a Hub split its id (and ``max_books``).
+    """
+    _check_split(split)
+    if max_books is not None and max_books < 0:
+        raise ValueError(f"max_books must be non-negative; got {max_books}")
+    root = _pg19_root(data_dir)
+    if root is None:
+        fingerprint = f"hub:{PG19_HUB_DATASET}/{split}/max_books={max_books}"
+    else:
+        files = sorted(_split_folder(root, split).glob("*.txt"))[:max_books]
+        fingerprint = files_fingerprint(files)
+    name = f"pg19/{split}" + (f"-{max_books}books" if max_books is not None else "")
+    return CorpusSource(name, functools.partial(_book_texts, split, data_dir, max_books), fingerprint, "document")
+
+
+def _book_texts(split: str, data_dir: str | os.PathLike | None, max_books: int | None) -> Iterator[str]:
+    return (book.text for book in iter_pg19_books(split, data_dir, max_books))
 
 
 def pg19_token_windows(books: Iterable[PG19Book | str], tokenizer, seq_len: int) -> Iterator[torch.LongTensor]:

@@ -17,6 +17,7 @@ tokenized documents into fixed-length training / evaluation windows.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .token_cache import CorpusSource, files_fingerprint
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -33,6 +36,8 @@ __all__ = [
     "pack_token_windows",
     "resolve_data_dir",
     "wikitext_articles",
+    "wikitext_path",
+    "wikitext_source",
 ]
 
 DATA_DIR_ENV = "SSMHUB_DATA_DIR"
@@ -76,6 +81,57 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     return Path(data_dir) if data_dir is not None else None
 
 
+def _variant_and_split(name: str, split: str) -> tuple[WikiTextVariant, str, str]:
+    """The variant of ``name`` and the (file stem, Hub split) of ``split``; ValueError for unknown ones."""
+    variant = WIKITEXT_VARIANTS.get(_ALIASES.get(name, name))
+    if variant is None:
+        raise ValueError(f"unknown WikiText variant {name!r}; expected one of {sorted(WIKITEXT_VARIANTS)}")
+    if split not in _SPLITS:
+        raise ValueError(f"unknown WikiText split {split!r}; expected one of {sorted(_SPLITS)}")
+    return (variant, *_SPLITS[split])
+
+
+def wikitext_path(name: str, split: str, data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The local file of a split (checked to exist), or None when no data folder is in use (the Hub).
+
+    Raises:
+        ValueError: unknown ``name`` or ``split``.
+        FileNotFoundError: a data folder is in use but lacks the split's file (the error names it).
+    """
+    variant, file_stem, _ = _variant_and_split(name, split)
+    root = resolve_data_dir(data_dir)
+    if root is None:
+        return None
+    path = root / variant.folder / f"wiki.{file_stem}.{variant.suffix}"
+    if not path.is_file():
+        folder = path.parent
+        present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        found = f"that folder holds {present}" if folder.is_dir() else "that folder does not exist"
+        raise FileNotFoundError(
+            f"{name} split {split!r}: missing file {path} ({found}). Point data_dir / ${DATA_DIR_ENV} at a "
+            "folder with the official layout, or leave both unset to download the split from the Hub."
+        )
+    return path
+
+
+def wikitext_source(name: str, split: str, data_dir: str | os.PathLike | None = None) -> CorpusSource:
+    """A split's articles as a :class:`~ssmhub.data.token_cache.CorpusSource` (packing "stream").
+
+    The local file (or the Hub config) is resolved now, so a missing file fails here.
+    """
+    variant, _, hub_split = _variant_and_split(name, split)
+    path = wikitext_path(name, split, data_dir)
+    fingerprint = (
+        files_fingerprint([path]) if path is not None else f"hub:{HUB_DATASET}/{variant.hub_config}/{hub_split}"
+    )
+    documents = functools.partial(_articles, name, split, data_dir)
+    return CorpusSource(f"{variant.folder}/{hub_split}", documents, fingerprint, packing="stream")
+
+
+def _articles(name: str, split: str, data_dir: str | os.PathLike | None) -> list[str]:
+    return wikitext_articles(load_wikitext(name, split, data_dir))
+
+
 def load_wikitext(
     name: str = "wikitext-2", split: str = "train", data_dir: str | os.PathLike | None = None
 ) -> list[str]:
@@ -93,29 +149,13 @@ def load_wikitext(
         FileNotFoundError: a data folder is in use but lacks the split's file (it is not silently
             replaced by a download; unset ``$SSMHUB_DATA_DIR`` to use the Hub).
     """
-    variant = WIKITEXT_VARIANTS.get(_ALIASES.get(name, name))
-    if variant is None:
-        raise ValueError(f"unknown WikiText variant {name!r}; expected one of {sorted(WIKITEXT_VARIANTS)}")
-    if split not in _SPLITS:
-        raise ValueError(f"unknown WikiText split {split!r}; expected one of {sorted(_SPLITS)}")
-    file_stem, hub_split = _SPLITS[split]
-
-    root = resolve_data_dir(data_dir)
-    if root is None:
+    variant, _, hub_split = _variant_and_split(name, split)
+    path = wikitext_path(name, split, data_dir)
+    if path is None:
         import datasets  # imported here: only the Hub path needs it
 
         dataset = datasets.load_dataset(HUB_DATASET, variant.hub_config, split=hub_split)
         return list(dataset["text"])
-
-    path = root / variant.folder / f"wiki.{file_stem}.{variant.suffix}"
-    if not path.is_file():
-        folder = path.parent
-        present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-        found = f"that folder holds {present}" if folder.is_dir() else "that folder does not exist"
-        raise FileNotFoundError(
-            f"{name} split {split!r}: missing file {path} ({found}). Point data_dir / ${DATA_DIR_ENV} at a "
-            "folder with the official layout, or leave both unset to download the split from the Hub."
-        )
     with open(path, encoding="utf-8", newline="") as f:
         # The Hub dataset's rows: every line with its "\n", blank lines as "" (what its builder does).
         return [line if line.strip() else "" for line in f]

@@ -8,7 +8,7 @@
 
 from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
 from .config import TrainConfig, config_from_args, load_config_file
-from .data import DATASETS, build_windows, load_documents, register_dataset
+from .data import DATASETS, build_windows, corpus_source, iter_documents, register_dataset
 from .model_card import HubPushError, push_folder_to_hub, render_model_card
 from .trainer import EpochShuffleSampler, TrainResult, build_model_config, lr_lambda, train
 
@@ -22,10 +22,11 @@ __all__ = [
     "build_model_config",
     "build_windows",
     "config_from_args",
+    "corpus_source",
+    "iter_documents",
     "list_checkpoints",
     "load_checkpoint",
     "load_config_file",
-    "load_documents",
     "lr_lambda",
     "push_folder_to_hub",
     "register_dataset",

@@ -34,6 +34,8 @@ class TrainConfig:
     data_dir: str | None = None  # local copy of the data; default $SSMHUB_DATA_DIR, else the Hugging Face Hub
     seq_len: int = 128
     max_eval_windows: int = 256  # validation windows evaluated (0: all)
+    cache_dir: str | None = None  # tokenized windows cache; default $SSMHUB_CACHE_DIR, else ~/.cache/ssmhub
+    preprocessing_num_workers: int = 0  # processes for tokenizing with datasets.map (0: the main one)
     # tokenizer: a folder / tokenizer.json, or a byte-level BPE of vocab_size trained on the train split
     tokenizer: str | None = None
     vocab_size: int = 4096
@@ -98,7 +100,14 @@ class TrainConfig:
         ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
-        for name in ("max_eval_windows", "warmup_steps", "eval_steps", "save_steps", "save_total_limit"):
+        for name in (
+            "max_eval_windows",
+            "preprocessing_num_workers",
+            "warmup_steps",
+            "eval_steps",
+            "save_steps",
+            "save_total_limit",
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer; got {getattr(self, name)!r}")
         if self.learning_rate <= 0:

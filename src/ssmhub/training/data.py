@@ -1,51 +1,44 @@
-"""Training data: a small registry of text datasets and their packing into token windows.
+"""Training data: a registry of text datasets and their token windows, tokenized once and cached.
 
-A dataset is registered under a name with a function ``load(split, data_dir) -> list[str]`` giving
-the documents of a split (``"train"`` or ``"validation"``). :func:`build_windows` tokenizes both
-splits and packs each, documents joined by eos, into ``(num_windows, seq_len)`` windows.
-To add a dataset, call :func:`register_dataset` (e.g. PG-19 with a loader from ``ssmhub.data``).
+A dataset is registered under a name with a function ``source(split, data_dir) -> CorpusSource``
+(``split`` is ``"train"`` or ``"validation"``) that resolves the split's files now and reads its
+documents lazily. :func:`build_windows` turns both splits into token windows through
+:func:`ssmhub.data.cached_token_windows` (``datasets.map``, an on-disk cache reused by later runs,
+memory-mapped, streaming for PG-19). Registered: ``wikitext-2`` and ``wikitext-103`` (documents
+joined by eos into one stream) and ``pg19`` (windows never cross a book).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-import torch
+from ..data import (
+    DATA_DIR_ENV,
+    CorpusSource,
+    TokenWindows,
+    cached_token_windows,
+    pg19_source,
+    resolve_data_dir,
+    wikitext_source,
+)
 
-from ..data import DATA_DIR_ENV, load_wikitext, pack_token_windows, resolve_data_dir, wikitext_articles
+__all__ = ["DATASETS", "build_windows", "check_data_dir", "corpus_source", "iter_documents", "register_dataset"]
 
-__all__ = ["DATASETS", "build_windows", "check_data_dir", "load_documents", "register_dataset"]
-
-DocumentLoader = Callable[[str, "str | os.PathLike | None"], list[str]]
-DATASETS: dict[str, DocumentLoader] = {}
-
-
-def register_dataset(name: str, loader: DocumentLoader) -> None:
-    """Make ``name`` usable as ``TrainConfig.dataset``; ``loader(split, data_dir)`` returns documents."""
-    DATASETS[name] = loader
-
-
-def _wikitext_documents(name: str, split: str, data_dir: str | os.PathLike | None) -> list[str]:
-    return wikitext_articles(load_wikitext(name, split, data_dir))
+SourceFactory = Callable[[str, "str | os.PathLike | None"], CorpusSource]
+DATASETS: dict[str, SourceFactory] = {}
 
 
-def _not_available(name: str, split: str, data_dir: str | os.PathLike | None) -> list[str]:
-    raise NotImplementedError(
-        f"dataset {name!r} is not available yet for training (no loader in ssmhub.data); "
-        f"available: {sorted(n for n, loader in DATASETS.items() if not _is_placeholder(loader))}"
-    )
-
-
-def _is_placeholder(loader: DocumentLoader) -> bool:
-    return isinstance(loader, partial) and loader.func is _not_available
+def register_dataset(name: str, source: SourceFactory) -> None:
+    """Make ``name`` usable as ``TrainConfig.dataset``; ``source(split, data_dir)`` gives a split's CorpusSource."""
+    DATASETS[name] = source
 
 
 for _name in ("wikitext-2", "wikitext-103"):
-    register_dataset(_name, partial(_wikitext_documents, _name))
-register_dataset("pg19", partial(_not_available, "pg19"))
+    register_dataset(_name, partial(wikitext_source, _name))
+register_dataset("pg19", pg19_source)
 
 
 def check_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
@@ -57,33 +50,38 @@ def check_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
     return root
 
 
-def load_documents(dataset: str, split: str, data_dir: str | os.PathLike | None) -> list[str]:
-    """The documents of one split of a registered dataset."""
+def corpus_source(dataset: str, split: str, data_dir: str | os.PathLike | None) -> CorpusSource:
+    """The CorpusSource of one split of a registered dataset (its files are checked, not read)."""
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; registered datasets: {sorted(DATASETS)}")
-    documents = DATASETS[dataset](split, data_dir)
-    if not documents:
-        raise ValueError(f"dataset {dataset!r} split {split!r} holds no documents")
-    return documents
+    return DATASETS[dataset](split, data_dir)
 
 
-def tokenize_windows(tokenizer, documents: list[str], seq_len: int) -> torch.LongTensor:
-    """Tokenize documents and pack them, joined by eos, into ``(num_windows, seq_len)`` windows."""
-    ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
-    return pack_token_windows(ids, seq_len, eos_token_id=tokenizer.eos_token_id)
+def iter_documents(source: CorpusSource) -> Iterator[str]:
+    """The documents of a split, one at a time (e.g. to train a tokenizer); ValueError if there are none."""
+    empty = True
+    for document in source.documents():
+        empty = False
+        yield document
+    if empty:
+        raise ValueError(f"corpus {source.name} holds no documents")
 
 
 def build_windows(
-    tokenizer, train_documents: list[str], valid_documents: list[str], seq_len: int, max_eval_windows: int = 0
-) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """Train and validation windows; validation keeps its first ``max_eval_windows`` (0: all)."""
-    train = tokenize_windows(tokenizer, train_documents, seq_len)
-    valid = tokenize_windows(tokenizer, valid_documents, seq_len)
+    tokenizer,
+    train_source: CorpusSource,
+    valid_source: CorpusSource,
+    seq_len: int,
+    max_eval_windows: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    num_proc: int | None = None,
+) -> tuple[TokenWindows, TokenWindows]:
+    """Train and validation windows (cached); validation keeps its first ``max_eval_windows`` (0: all)."""
+    train = cached_token_windows(train_source, tokenizer, seq_len, cache_dir, num_proc)
+    valid = cached_token_windows(valid_source, tokenizer, seq_len, cache_dir, num_proc)
     if len(train) == 0 or len(valid) == 0:
         raise ValueError(
-            f"seq_len {seq_len} is longer than the whole tokenized split: {len(train)} train and {len(valid)} "
-            "validation windows"
+            f"seq_len {seq_len} is longer than the whole tokenized split (or, for a dataset packed per "
+            f"document, than every document): {len(train)} train and {len(valid)} validation windows"
         )
-    if 0 < max_eval_windows < len(valid):
-        valid = valid[:max_eval_windows]
-    return train, valid
+    return train, valid.head(max_eval_windows)

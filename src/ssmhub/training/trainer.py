@@ -4,9 +4,11 @@
 
 1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys,
    seq_len against any length limit the model config declares), before any data is read;
-2. loads the documents, trains a BPE (or loads ``tokenizer``) on the main process and saves it in
-   ``output_dir/checkpoints/tokenizer`` so every process (and a resumed run) uses the same one;
-3. packs windows, builds the model from ``AutoConfig.for_model(model_type, **model_config)``,
+2. trains a BPE on the train documents, streamed (or loads ``tokenizer``), on the main process and
+   saves it in ``output_dir/checkpoints/tokenizer`` so every process (and a resumed run) uses the same one;
+3. tokenizes both splits into fixed-length windows once, into an on-disk cache that later runs reuse
+   (:func:`ssmhub.data.cached_token_windows`; windows are memory-mapped, PG-19 is read book by
+   book and its windows never cross a book), builds the model from ``AutoConfig.for_model(model_type, **model_config)``,
    AdamW over ``model.optimizer_param_groups`` (no weight decay on recurrence parameters),
    warmup + cosine schedule, gradient accumulation and clipping, mixed precision;
 4. reads the data in an order fixed by ``seed`` and the epoch (:class:`EpochShuffleSampler`), so a
@@ -27,17 +29,17 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler
 
 from ..fileio import write_json_atomic, write_text_atomic
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .data import build_windows, check_data_dir, load_documents
+from .data import build_windows, check_data_dir, corpus_source, iter_documents
 from .model_card import final_metrics, push_folder_to_hub, write_model_card
 
 __all__ = ["EpochShuffleSampler", "TrainResult", "build_model_config", "lr_lambda", "train"]
@@ -130,7 +132,7 @@ def build_model_config(config: TrainConfig, tokenizer=None):
     return model_config
 
 
-def _load_or_train_tokenizer(config: TrainConfig, train_documents: list[str]):
+def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]):
     from ..tokenization import load_tokenizer, train_bpe_tokenizer
 
     if config.tokenizer:
@@ -214,15 +216,16 @@ def plot_losses(records: list[dict], path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, windows: torch.LongTensor, batch_size: int) -> float:
-    """Mean next-token loss over ``windows``, shared out across processes (exact: sums are reduced)."""
+def evaluate(accelerator, model, windows, batch_size: int) -> float:
+    """Mean next-token loss over ``windows`` (``windows[indices]`` -> (n, seq_len) ids), shared out across
+    processes (exact: sums are reduced)."""
     model = accelerator.unwrap_model(model)
     was_training = model.training
     model.eval()
-    mine = windows[accelerator.process_index :: accelerator.num_processes]
+    mine = range(accelerator.process_index, len(windows), accelerator.num_processes)
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     for start in range(0, len(mine), batch_size):
-        batch = mine[start : start + batch_size].to(accelerator.device)
+        batch = windows[mine[start : start + batch_size]].to(accelerator.device)
         with accelerator.autocast():
             loss = model(batch, labels=batch, use_cache=False).loss
         predicted = batch.numel() - batch.shape[0]  # every token but each window's first
@@ -265,7 +268,7 @@ def _batches(loader: DataLoader, sampler: EpochShuffleSampler, epoch: int, skip:
     """Yield ``(epoch, position, batch)`` forever from ``epoch``, skipping its first ``skip`` batches."""
     while True:
         sampler.set_epoch(epoch)
-        for position, (batch,) in enumerate(loader, start=1):
+        for position, batch in enumerate(loader, start=1):
             if position > skip:
                 yield epoch, position, batch
         epoch, skip = epoch + 1, 0
@@ -315,21 +318,30 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
         )
     set_seed(config.seed)
 
-    # 2. documents and tokenizer (trained once, on the main process, and shared through the disk)
-    train_docs = load_documents(config.dataset, "train", config.data_dir)
-    valid_docs = load_documents(config.dataset, "validation", config.data_dir)
+    # 2. the splits (files resolved, not read) and the tokenizer (trained once, on the main process,
+    #    streaming over the train documents, and shared through the disk)
+    train_source = corpus_source(config.dataset, "train", config.data_dir)
+    valid_source = corpus_source(config.dataset, "validation", config.data_dir)
     tokenizer_dir = output_dir / "checkpoints" / TOKENIZER_SUBDIR
     if accelerator.is_main_process and not config.resume:
         shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)  # only an overwritten run's
     if accelerator.is_main_process and not (config.resume and tokenizer_dir.is_dir()):
-        _load_or_train_tokenizer(config, train_docs).save_pretrained(tokenizer_dir)
+        _load_or_train_tokenizer(config, iter_documents(train_source)).save_pretrained(tokenizer_dir)
     accelerator.wait_for_everyone()
     tokenizer = load_tokenizer(tokenizer_dir)
 
-    # 3. windows, model, optimizer, schedule
-    train_windows, valid_windows = build_windows(
-        tokenizer, train_docs, valid_docs, config.seq_len, config.max_eval_windows
-    )
+    # 3. windows (tokenized once into the cache: the main process builds, the others then load),
+    #    model, optimizer, schedule
+    with accelerator.main_process_first():
+        train_windows, valid_windows = build_windows(
+            tokenizer,
+            train_source,
+            valid_source,
+            config.seq_len,
+            config.max_eval_windows,
+            cache_dir=config.cache_dir,
+            num_proc=config.preprocessing_num_workers or None,
+        )
     model_config = build_model_config(config, tokenizer)
     set_seed(config.seed)
     model = AutoModelForCausalLM.from_config(model_config)
@@ -344,9 +356,7 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
         optimizer, lambda step: lr_lambda(step, warmup, config.max_steps, config.min_lr_ratio)
     )
     sampler = EpochShuffleSampler(len(train_windows), config.seed)
-    loader = DataLoader(
-        TensorDataset(train_windows), batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True
-    )
+    loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
     # The scheduler is not prepared (Accelerate would step it once per process) but is checkpointed.
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.register_for_checkpointing(scheduler)
