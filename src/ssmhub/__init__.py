@@ -8,6 +8,7 @@ from .models import (
     DLRConfig,
     DLRForCausalLM,
     DLRForSequenceClassification,
+    DLRForTokenClassification,
     DLRModel,
     DLRPreTrainedModel,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "DLRConfig",
     "DLRForCausalLM",
     "DLRForSequenceClassification",
+    "DLRForTokenClassification",
     "DLRModel",
     "DLRPreTrainedModel",
     "RecurrentCache",

@@ -24,6 +24,14 @@ def classifier(family):
     return family.sequence_classification(family.config(num_labels=3)).eval()
 
 
+@pytest.fixture
+def tagger(family):
+    if family.token_classification is None:
+        pytest.skip(f"{family.name} has no token classifier")
+    torch.manual_seed(0)
+    return family.token_classification(family.config(num_labels=3)).eval()
+
+
 def random_ids(batch, length, vocab=64, seed=0):
     return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 

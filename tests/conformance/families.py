@@ -17,6 +17,7 @@ class Family:
     config_kwargs: dict = field(default_factory=dict)
     causal_lm: type | None = None
     sequence_classification: type | None = None
+    token_classification: type | None = None
 
     def config(self, **overrides):
         base = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "pad_token_id": 0}
@@ -30,6 +31,7 @@ FAMILIES = [
         {"state_size": 8, "intermediate_size": 32, "weight_std": 0.2},
         ssmhub.DLRForCausalLM,
         ssmhub.DLRForSequenceClassification,
+        ssmhub.DLRForTokenClassification,
     ),
     Family(
         "dlr-prod-postnorm-glu",
@@ -37,6 +39,7 @@ FAMILIES = [
         {"state_size": 4, "kernel_type": "prod", "prenorm": False, "use_glu": True, "skip_connection": "learned"},
         ssmhub.DLRForCausalLM,
         ssmhub.DLRForSequenceClassification,
+        ssmhub.DLRForTokenClassification,
     ),
     Family(  # Eq. 5 with a Λ per direction: classification only, it cannot decode
         "dlr-bidirectional",
@@ -44,5 +47,6 @@ FAMILIES = [
         {"state_size": 8, "bidirectional": True, "bidirectional_shared_lambda": False},
         None,
         ssmhub.DLRForSequenceClassification,
+        ssmhub.DLRForTokenClassification,
     ),
 ]

@@ -42,6 +42,8 @@ class RecurrentLMConfig(PreTrainedConfig):
         initializer_range: std of the normal init of embeddings and linear maps.
         classifier_pooling: how sequence classification pools over positions: ``"max"`` (the DLR
             paper's max-pool), ``"mean"`` or ``"last"`` (the last real token); padding is ignored.
+        classifier_intermediate_size: token classification head: 0 for a linear map, else the width
+            of a ReLU MLP head (the regular-language LRNN code uses one of width H).
         recurrence_learning_rate: learning rate of the recurrence parameters in
             ``optimizer_param_groups`` (None: the model's). DLR's PG-19 run used 2e-4 vs 1e-3.
     """
@@ -54,6 +56,7 @@ class RecurrentLMConfig(PreTrainedConfig):
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
     classifier_pooling: str = "max"
+    classifier_intermediate_size: int = 0
     recurrence_learning_rate: float | None = None
     use_cache: bool = True
     tie_word_embeddings: bool = True
@@ -71,6 +74,6 @@ class RecurrentLMConfig(PreTrainedConfig):
         Runs in ``__post_init__`` rather than as a ``@strict`` ``validate_*`` hook so that users get
         a plain ValueError; strict still checks each field's type on its own."""
         check_positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "layer_norm_epsilon")
-        check_positive(self, "intermediate_size", "initializer_range", allow_zero=True)
+        check_positive(self, "intermediate_size", "initializer_range", "classifier_intermediate_size", allow_zero=True)
         check_positive(self, "recurrence_learning_rate")
         check_choice(self, "classifier_pooling", POOLINGS)

@@ -20,6 +20,7 @@ from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
     SequenceClassifierOutputWithPast,
+    TokenClassifierOutput,
 )
 
 from ..cache import RecurrentCache
@@ -29,6 +30,7 @@ __all__ = [
     "RecurrentBlock",
     "RecurrentForCausalLM",
     "RecurrentForSequenceClassification",
+    "RecurrentForTokenClassification",
     "RecurrentModel",
     "RecurrentPreTrainedModel",
 ]
@@ -322,3 +324,60 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
             output = tuple(v for v in (logits, outputs.hidden_states) if v is not None)
             return (loss, *output) if loss is not None else output
         return SequenceClassifierOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+
+
+class RecurrentForTokenClassification(RecurrentPreTrainedModel):
+    """A label per position (tagging, or per-prefix answers as in the regular-language tasks).
+
+    The head is a linear map of each hidden state, or with ``config.classifier_intermediate_size`` > 0
+    a ReLU MLP ``H -> classifier_intermediate_size -> num_labels`` (the head of the regular-language
+    LRNN code, arXiv 2309.07412). Causal families give position t a prediction from tokens 0..t only.
+    Labels of -100 (and padding, when labels mark it so) are ignored by the loss.
+    """
+
+    backbone_class: type[RecurrentModel] = None
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.backbone = self.backbone_class(config)
+        hidden = getattr(config, "classifier_intermediate_size", 0) or 0
+        if hidden:
+            self.classifier = nn.Sequential(
+                nn.Linear(config.hidden_size, hidden), nn.ReLU(), nn.Linear(hidden, config.num_labels)
+            )
+        else:
+            self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.backbone(
+            input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(outputs.last_hidden_state).float()  # (B, L, num_labels)
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:2]:
+                raise ValueError(
+                    f"labels must have shape {tuple(logits.shape[:2])} (batch, length); got {tuple(labels.shape)}"
+                )
+            loss = self.loss_function(logits, labels, self.config)
+        if not return_dict:
+            output = tuple(v for v in (logits, outputs.hidden_states) if v is not None)
+            return (loss, *output) if loss is not None else output
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)

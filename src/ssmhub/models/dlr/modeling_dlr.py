@@ -10,12 +10,19 @@ from ...layers.dlr import DLRMixer
 from ..modeling_recurrent import (
     RecurrentForCausalLM,
     RecurrentForSequenceClassification,
+    RecurrentForTokenClassification,
     RecurrentModel,
     RecurrentPreTrainedModel,
 )
 from .configuration_dlr import DLRConfig
 
-__all__ = ["DLRForCausalLM", "DLRForSequenceClassification", "DLRModel", "DLRPreTrainedModel"]
+__all__ = [
+    "DLRForCausalLM",
+    "DLRForSequenceClassification",
+    "DLRForTokenClassification",
+    "DLRModel",
+    "DLRPreTrainedModel",
+]
 
 
 class DLRPreTrainedModel(RecurrentPreTrainedModel):
@@ -54,5 +61,11 @@ class DLRForCausalLM(RecurrentForCausalLM, DLRPreTrainedModel):
 
 class DLRForSequenceClassification(RecurrentForSequenceClassification, DLRPreTrainedModel):
     """DLR sequence classifier: pooled hidden states (max-pool by default, as in the paper) and a linear map."""
+
+    backbone_class = DLRModel
+
+
+class DLRForTokenClassification(RecurrentForTokenClassification, DLRPreTrainedModel):
+    """DLR with a label per position (causal unless ``bidirectional``)."""
 
     backbone_class = DLRModel

@@ -1,0 +1,59 @@
+"""Token classification heads: a label per position, causal where the family is, loss with ignored labels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import random_ids
+from transformers import AutoModelForTokenClassification
+
+
+def test_logits_shape_and_loss_ignores_minus_100(tagger):
+    ids = random_ids(2, 9)
+    labels = torch.randint(0, 3, (2, 9))
+    labels[:, ::2] = -100
+    out = tagger(ids, labels=labels)
+    assert out.logits.shape == (2, 9, 3) and out.logits.dtype == torch.float32
+    expected = F.cross_entropy(out.logits.reshape(-1, 3), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+    with pytest.raises(ValueError, match="labels must have shape"):
+        tagger(ids, labels=labels[:, :5])
+
+
+def test_causal_tagger_does_not_see_the_future(tagger):
+    if getattr(tagger.config, "bidirectional", False):
+        pytest.skip("bidirectional model")
+    ids = random_ids(1, 12)
+    changed = ids.clone()
+    changed[0, 7:] = (changed[0, 7:] % 63) + 1
+    assert not torch.equal(ids, changed)
+    with torch.no_grad():
+        a, b = tagger(ids).logits, tagger(changed).logits
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+
+
+def test_tagger_ignores_left_padding(tagger):
+    ids = random_ids(1, 8)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 8, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        alone, with_pads = tagger(ids).logits, tagger(padded, attention_mask=mask).logits
+    torch.testing.assert_close(with_pads[:, 3:], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_tagger_round_trip_through_auto_class(tagger, tmp_path):
+    tagger.save_pretrained(tmp_path)
+    loaded = AutoModelForTokenClassification.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(tagger)
+    ids = random_ids(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, tagger(ids).logits, atol=0, rtol=0)
+
+
+def test_mlp_head(family):
+    if family.token_classification is None:
+        pytest.skip(f"{family.name} has no token classifier")
+    model = family.token_classification(family.config(num_labels=4, classifier_intermediate_size=12))
+    assert isinstance(model.classifier, torch.nn.Sequential)
+    assert model(random_ids(1, 5)).logits.shape == (1, 5, 4)
