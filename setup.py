@@ -30,6 +30,7 @@ setup(
             "ssmhub-demo=ssmhub.demo:main",
             "ssmhub-train=ssmhub.training.cli:main",
             "ssmhub-eval=ssmhub.evaluation.cli:main",
+            "ssmhub-regular=ssmhub.training.regular:main",
         ]
     },
     classifiers=[

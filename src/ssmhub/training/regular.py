@@ -1,0 +1,255 @@
+"""Train any ssmhub family on a regular-language task and measure length extrapolation (``ssmhub-regular``).
+
+The protocol of Fan, Chi & Rudnicky (arXiv:2309.07412, §4; spec regular-lrnn.md §3.3-3.4):
+
+- online training: a fresh batch of i.i.d. sequences at the training length every step (Sum and
+  EvenPair 40, ModArith 39), cross-entropy over every supervised position, Adam at a constant
+  learning rate with L2 weight decay (the authors' code: 1e-4 / 0 for Sum, 2e-4 / 0 for EvenPair,
+  2e-4 / 1e-4 for ModArith), no warmup, schedule or clipping;
+- every ``eval_steps``, last-position accuracy on a batch of 128 sequences at the test length (500,
+  499 for ModArith); the run keeps the best weights and stops once that accuracy reaches
+  ``1 - 1e-5`` (the paper reports the best such accuracy: :attr:`RegularResult.best_eval_accuracy`);
+- then the kept weights are scored on a fixed, seeded test set of ``test_sequences`` sequences at the
+  test length: accuracy on the last token (:attr:`RegularResult.test_accuracy`) and, since every
+  position's label is the answer for the prefix ending there, accuracy per prefix-length bucket.
+
+Every family goes through ``AutoModelForTokenClassification`` with the same data, budget and head
+(the code's ReLU MLP head of width ``hidden_size``), so families compare on identical terms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_label
+from ..fileio import write_json_atomic
+
+__all__ = ["LENGTH_BUCKETS", "RegularResult", "RegularRunConfig", "main", "run_regular"]
+
+# The authors' optimizer settings per task (spec §3.3): (learning rate, weight decay).
+TASK_OPTIMIZER = {"sum": (1e-4, 0.0), "even_pair": (2e-4, 0.0), "mod_arith": (2e-4, 1e-4)}
+# The paper's model per task (spec §1.3): 1 layer of width 64 (3 layers for ModArith), blocks of 8.
+TASK_LAYERS = {"mod_arith": 3}
+LENGTH_BUCKETS = ((1, 40), (41, 100), (101, 200), (201, 300), (301, 400), (401, 500))
+
+
+@dataclass
+class RegularRunConfig:
+    """One training run; ``None`` fields take the task's defaults from the paper and its code."""
+
+    task: str = "sum"
+    modulus: int = 5
+    model_type: str = "bdlrnn"
+    model_config: dict[str, Any] = field(default_factory=dict)  # overrides of the family config
+    steps: int = 40_000
+    batch_size: int = 128
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+    eval_steps: int = 1000
+    eval_batch_size: int = 128
+    test_sequences: int = 2000
+    train_length: int | None = None
+    test_length: int | None = None
+    target_accuracy: float = 1 - 1e-5
+    seed: int = 0
+    test_seed: int = 1234
+
+    def validate(self) -> None:
+        if self.task not in TASK_NAMES:
+            raise ValueError(f"task must be one of {TASK_NAMES}; got {self.task!r}")
+        for name in ("steps", "batch_size", "eval_steps", "eval_batch_size", "test_sequences"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        for name in ("train_length", "test_length"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
+        if not isinstance(self.model_config, dict):
+            raise ValueError(f"model_config must be a mapping of config fields; got {self.model_config!r}")
+
+
+@dataclass
+class RegularResult:
+    """What a run measured (accuracies are fractions in [0, 1])."""
+
+    task: str
+    model_type: str
+    seed: int
+    train_length: int
+    test_length: int
+    steps: int  # optimizer steps taken (fewer than the budget after an early stop)
+    best_step: int  # step of the kept weights
+    best_eval_accuracy: float  # the paper's metric: best last-token accuracy of the periodic evaluations
+    test_accuracy: float  # last-token accuracy of the kept weights on the fixed test set
+    bucket_accuracy: dict[str, float]  # "41-100" -> accuracy of the answers for prefixes of those lengths
+    final_train_loss: float
+    num_parameters: int
+    wall_s: float
+    config: dict[str, Any]
+
+
+def build_model(config: RegularRunConfig, task):
+    """The family's token classifier sized for the task (width 64, the paper's depth, MLP head)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    import ssmhub  # noqa: F401  (registers the families)
+
+    defaults = {
+        "hidden_size": 64,
+        "num_hidden_layers": TASK_LAYERS.get(config.task, 1),
+        "classifier_intermediate_size": 64,
+        "use_cache": False,
+    }
+    model_config = AutoConfig.for_model(
+        config.model_type,
+        vocab_size=task.vocab_size,
+        num_labels=task.num_classes,
+        **{**defaults, **config.model_config},
+    )
+    return AutoModelForTokenClassification.from_config(model_config)
+
+
+@torch.no_grad()
+def _predictions(model, input_ids: torch.Tensor, batch_size: int = 250) -> torch.Tensor:
+    """Argmax label of every position, (N, L), in chunks of ``batch_size`` sequences."""
+    was_training = model.training
+    model.eval()
+    out = torch.cat(
+        [model(input_ids[i : i + batch_size]).logits.argmax(-1) for i in range(0, len(input_ids), batch_size)]
+    )
+    model.train(was_training)
+    return out
+
+
+def last_token_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> float:
+    """Accuracy at each row's last supervised position (the full-sequence answer)."""
+    last = (labels != IGNORE_INDEX).long().cumsum(1).argmax(1)  # index of the last supervised position
+    picked = predictions.gather(1, last[:, None])[:, 0]
+    return (picked == last_supervised_label(labels)).float().mean().item()
+
+
+def bucket_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Accuracy of the per-prefix answers grouped by prefix length (position t answers length t + 1)."""
+    length = labels.shape[1]
+    prefix_length = torch.arange(1, length + 1)
+    result = {}
+    for low, high in LENGTH_BUCKETS:
+        if low > length:
+            break
+        in_bucket = (prefix_length >= low) & (prefix_length <= high)
+        supervised = (labels != IGNORE_INDEX) & in_bucket
+        if supervised.any():
+            result[f"{low}-{min(high, length)}"] = (predictions[supervised] == labels[supervised]).float().mean().item()
+    return result
+
+
+def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
+    """Train and evaluate one run (see the module docstring); deterministic given ``config.seed``."""
+    config.validate()
+    task = get_task(config.task, config.modulus)
+    train_length = config.train_length or task.train_length
+    test_length = config.test_length or task.test_length
+    default_lr, default_wd = TASK_OPTIMIZER.get(config.task, (2e-4, 0.0))
+    lr = config.learning_rate if config.learning_rate is not None else default_lr
+    weight_decay = config.weight_decay if config.weight_decay is not None else default_wd
+    # Checked now so that a bad length fails before training (ModArith needs odd lengths).
+    task.sample(1, train_length, torch.Generator().manual_seed(0))
+    eval_ids, eval_labels = fixed_test_set(task, config.eval_batch_size, test_length, seed=config.test_seed + 1)
+    test_ids, test_labels = fixed_test_set(task, config.test_sequences, test_length, seed=config.test_seed)
+
+    start = time.perf_counter()
+    torch.manual_seed(config.seed)
+    model = build_model(config, task)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    data = torch.Generator().manual_seed(config.seed)
+    best_accuracy, best_step, best_state = -1.0, 0, None
+    loss_value, step = math.nan, 0
+    model.train()
+    for step in range(1, config.steps + 1):
+        input_ids, labels = task.sample(config.batch_size, train_length, data)
+        loss = model(input_ids, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_value = loss.item()
+        if step % config.eval_steps == 0 or step == config.steps:
+            accuracy = last_token_accuracy(_predictions(model, eval_ids), eval_labels)
+            if accuracy > best_accuracy:
+                best_accuracy, best_step, best_state = accuracy, step, copy.deepcopy(model.state_dict())
+            log(f"step {step}: loss {loss_value:.4f}, last-token accuracy at length {test_length}: {accuracy:.4f}")
+            if accuracy >= config.target_accuracy:
+                break
+    model.load_state_dict(best_state)
+    predictions = _predictions(model, test_ids)
+    return RegularResult(
+        task=config.task,
+        model_type=config.model_type,
+        seed=config.seed,
+        train_length=train_length,
+        test_length=test_length,
+        steps=step,
+        best_step=best_step,
+        best_eval_accuracy=best_accuracy,
+        test_accuracy=last_token_accuracy(predictions, test_labels),
+        bucket_accuracy=bucket_accuracy(predictions, test_labels),
+        final_train_loss=loss_value,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        wall_s=time.perf_counter() - start,
+        config={**asdict(config), "learning_rate": lr, "weight_decay": weight_decay},
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ssmhub-regular",
+        description="Train an ssmhub family on a regular-language task; report length-extrapolation accuracy.",
+        allow_abbrev=False,
+    )
+    defaults = RegularRunConfig()
+    parser.add_argument("--task", default=defaults.task, choices=TASK_NAMES)
+    parser.add_argument("--modulus", type=int, default=defaults.modulus)
+    parser.add_argument("--model_type", default=defaults.model_type, help="any registered family, e.g. bdlrnn, dlr")
+    parser.add_argument("--model_config", type=json.loads, default={}, help='JSON overrides, e.g. {"block_size": 4}')
+    for name in ("steps", "batch_size", "eval_steps", "eval_batch_size", "test_sequences", "seed", "test_seed"):
+        parser.add_argument(f"--{name}", type=int, default=getattr(defaults, name))
+    for name in ("train_length", "test_length"):
+        parser.add_argument(f"--{name}", type=int, default=None)
+    for name in ("learning_rate", "weight_decay"):
+        parser.add_argument(f"--{name}", type=float, default=None, help="default: the authors' value for the task")
+    parser.add_argument("--output", help="write the result as JSON to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(argv))
+    output = args.pop("output")
+    try:
+        result = run_regular(RegularRunConfig(**args))
+    except (ValueError, KeyError) as err:
+        print(f"ssmhub-regular: error: {err}", file=sys.stderr)
+        return 2
+    buckets = ", ".join(f"{k}: {v:.3f}" for k, v in result.bucket_accuracy.items())
+    print(
+        f"{result.model_type} on {result.task}: test accuracy at length {result.test_length} "
+        f"{result.test_accuracy:.4f} (best periodic {result.best_eval_accuracy:.4f} at step {result.best_step}; "
+        f"{result.steps} steps, {result.wall_s:.0f} s); by prefix length: {buckets}"
+    )
+    if output:
+        write_json_atomic(output, asdict(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""ssmhub-regular: the metrics against hand-computed values, a tiny run of every kind, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ssmhub.training.regular import RegularRunConfig, bucket_accuracy, last_token_accuracy, main, run_regular
+
+
+def test_last_token_accuracy_uses_the_last_supervised_position():
+    labels = torch.tensor([[1, -100, 2, -100, 3], [0, 1, 1, 0, 4]])
+    predictions = torch.tensor([[1, 9, 2, 9, 3], [0, 1, 1, 0, 0]])
+    assert last_token_accuracy(predictions, labels) == 0.5
+    labels = torch.tensor([[1, -100, 2, -100, 3, -100]])  # trailing unsupervised position
+    assert last_token_accuracy(torch.tensor([[0, 0, 0, 0, 3, 0]]), labels) == 1.0
+
+
+def test_bucket_accuracy_groups_positions_by_prefix_length():
+    labels = torch.zeros(2, 60, dtype=torch.long)
+    predictions = torch.zeros(2, 60, dtype=torch.long)
+    predictions[0, 45:] = 1  # wrong on prefixes of length 46..60 in one of two rows
+    buckets = bucket_accuracy(predictions, labels)
+    assert list(buckets) == ["1-40", "41-60"]
+    assert buckets["1-40"] == 1.0
+    assert buckets["41-60"] == pytest.approx((2 * 20 - 15) / 40)
+
+
+def tiny(**overrides) -> RegularRunConfig:
+    options = {
+        "task": "sum",
+        "model_type": "dlr",
+        "model_config": {"hidden_size": 16, "state_size": 4, "classifier_intermediate_size": 8},
+        "steps": 4,
+        "batch_size": 8,
+        "eval_steps": 2,
+        "eval_batch_size": 16,
+        "test_sequences": 32,
+        "test_length": 60,
+        "learning_rate": 1e-2,
+    }
+    return RegularRunConfig(**{**options, **overrides})
+
+
+def test_a_run_is_deterministic_and_reports_every_field():
+    first, again = run_regular(tiny(), log=lambda _: None), run_regular(tiny(), log=lambda _: None)
+    assert first.steps == 4 and first.best_step in (2, 4) and first.test_length == 60 and first.train_length == 40
+    assert 0 <= first.test_accuracy <= 1 and list(first.bucket_accuracy) == ["1-40", "41-60"]
+    assert (first.test_accuracy, first.final_train_loss) == (again.test_accuracy, again.final_train_loss)
+    assert first.config["weight_decay"] == 0.0  # the authors' value for Sum
+
+
+def test_early_stop_at_the_target_accuracy():
+    result = run_regular(tiny(target_accuracy=0.0), log=lambda _: None)
+    assert result.steps == 2 and result.best_step == 2
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = ["--task", "mod_arith", "--model_type", "dlr", "--steps", "2", "--eval_steps", "1", "--batch_size", "4"]
+    args += ["--test_sequences", "8", "--test_length", "41", "--model_config", '{"hidden_size": 8, "state_size": 2}']
+    assert main([*args, "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["task"] == "mod_arith" and result["train_length"] == 39 and result["test_length"] == 41
+    assert "dlr on mod_arith: test accuracy at length 41" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--task", "mod_arith", "--train_length", "40"], "length"),
+        (["--steps", "0"], "steps must be a positive integer"),
+        (["--model_type", "no-such-family"], "no-such-family"),
+    ],
+)
+def test_bad_input_is_one_clear_error(args, message, capsys):
+    assert main([*args, "--test_sequences", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ssmhub-regular: error:") and message in err
