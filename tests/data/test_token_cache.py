@@ -74,11 +74,15 @@ def test_second_call_reuses_the_cache_and_keys_change_with_inputs(tokenizer, tmp
     assert len(entries) == 4 and all(name.startswith("unit-texts-L") for name in entries)
 
 
-def test_tokenizer_fingerprint_survives_save_and_load(tokenizer, tmp_path):
+def test_tokenizer_fingerprint_survives_save_load_and_use(tokenizer, tmp_path):
     from ssmhub.tokenization import load_tokenizer
 
     tokenizer.save_pretrained(tmp_path / "tok")
-    assert tokenizer_fingerprint(load_tokenizer(tmp_path / "tok")) == tokenizer_fingerprint(tokenizer)
+    fresh = load_tokenizer(tmp_path / "tok")
+    before = tokenizer_fingerprint(fresh)
+    assert before == tokenizer_fingerprint(tokenizer)
+    fresh(["a b", "c"], padding=True, truncation=True, max_length=4)  # changes the backend's settings
+    assert tokenizer_fingerprint(fresh) == before
 
 
 def test_an_interrupted_build_leaves_no_entry(tokenizer, tmp_path):

@@ -132,8 +132,16 @@ def files_fingerprint(paths: Iterable[str | os.PathLike]) -> str:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of a fast tokenizer's serialized pipeline (vocabulary, merges, normalizers) and its eos id."""
-    serialized = tokenizer.backend_tokenizer.to_str()
+    """A hash of a fast tokenizer's serialized pipeline (vocabulary, merges, normalizers) and its eos id.
+
+    The truncation and padding settings are left out: transformers changes them on the backend when
+    the tokenizer is called, so they would give the same tokenizer a different key after its first use
+    (a known cause of cache misses with ``datasets.map``), and windows never use them.
+    """
+    pipeline = json.loads(tokenizer.backend_tokenizer.to_str())
+    pipeline.pop("truncation", None)
+    pipeline.pop("padding", None)
+    serialized = json.dumps(pipeline, sort_keys=True)
     return hashlib.sha256(f"{serialized}\0{tokenizer.eos_token_id}".encode()).hexdigest()
 
 
