@@ -5,6 +5,12 @@
 
 from .cache import RecurrentCache
 from .models import (
+    BDLRNNConfig,
+    BDLRNNForCausalLM,
+    BDLRNNForSequenceClassification,
+    BDLRNNForTokenClassification,
+    BDLRNNModel,
+    BDLRNNPreTrainedModel,
     DLRConfig,
     DLRForCausalLM,
     DLRForSequenceClassification,
@@ -16,6 +22,12 @@ from .models import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BDLRNNConfig",
+    "BDLRNNForCausalLM",
+    "BDLRNNForSequenceClassification",
+    "BDLRNNForTokenClassification",
+    "BDLRNNModel",
+    "BDLRNNPreTrainedModel",
     "DLRConfig",
     "DLRForCausalLM",
     "DLRForSequenceClassification",

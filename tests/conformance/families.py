@@ -49,4 +49,26 @@ FAMILIES = [
         ssmhub.DLRForSequenceClassification,
         ssmhub.DLRForTokenClassification,
     ),
+    Family(  # the authors' code: centred columns over the largest column p-norm, MLP input map, learned x_0
+        "bdlrnn",
+        ssmhub.BDLRNNConfig,
+        {"block_size": 4, "transition_hidden_size": 32, "scan": "parallel"},
+        ssmhub.BDLRNNForCausalLM,
+        ssmhub.BDLRNNForSequenceClassification,
+        ssmhub.BDLRNNForTokenClassification,
+    ),
+    Family(  # the paper's reading: Eq. 6 per-column projection, v = B u, x_0 = 0; loop-over-time scan
+        "bdlrnn-paper",
+        ssmhub.BDLRNNConfig,
+        {
+            "block_size": 8,
+            "norm_mode": "paper",
+            "input_map": "linear",
+            "learned_initial_state": False,
+            "scan": "sequential",
+        },
+        ssmhub.BDLRNNForCausalLM,
+        ssmhub.BDLRNNForSequenceClassification,
+        ssmhub.BDLRNNForTokenClassification,
+    ),
 ]

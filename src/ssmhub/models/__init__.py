@@ -1,6 +1,14 @@
 """Hugging Face wrappers: one folder per family, shared machinery in this package."""
 
 from .auto import FAMILIES, register_family
+from .bdlrnn import (
+    BDLRNNConfig,
+    BDLRNNForCausalLM,
+    BDLRNNForSequenceClassification,
+    BDLRNNForTokenClassification,
+    BDLRNNModel,
+    BDLRNNPreTrainedModel,
+)
 from .dlr import (
     DLRConfig,
     DLRForCausalLM,
@@ -17,9 +25,22 @@ register_family(
     AutoModelForSequenceClassification=DLRForSequenceClassification,
     AutoModelForTokenClassification=DLRForTokenClassification,
 )
+register_family(
+    BDLRNNConfig,
+    AutoModel=BDLRNNModel,
+    AutoModelForCausalLM=BDLRNNForCausalLM,
+    AutoModelForSequenceClassification=BDLRNNForSequenceClassification,
+    AutoModelForTokenClassification=BDLRNNForTokenClassification,
+)
 
 __all__ = [
     "FAMILIES",
+    "BDLRNNConfig",
+    "BDLRNNForCausalLM",
+    "BDLRNNForSequenceClassification",
+    "BDLRNNForTokenClassification",
+    "BDLRNNModel",
+    "BDLRNNPreTrainedModel",
     "DLRConfig",
     "DLRForCausalLM",
     "DLRForSequenceClassification",

@@ -1,0 +1,245 @@
+"""The block-diagonal input-dependent LRNN layer (Fan, Chi & Rudnicky, arXiv 2309.07412) as a token mixer.
+
+On an input ``u ∈ R^{B×T×d}`` (already LayerNormed by the block), with ``h = d / b`` blocks of size b:
+
+1. transition ``G_k = W_g2 ReLU(W_g1 u_k + c1) + c2`` reshaped to ``(h, b, b)``, indexed [row i, col j]
+   (``A_k = g(u_k)``, Eq. 5, §3.3; the matvec is ``x_i ← Σ_j A[i, j] x_j``);
+2. normalisation of each block's columns (Eq. 6), see :func:`normalize_blocks`;
+3. input ``v_k = B u_k``: the authors' code uses a 2-layer ReLU MLP d→d→d (``input_map="mlp"``, default),
+   the paper a linear map (``input_map="linear"``);
+4. ``x_k = A_k x_{k-1} + v_k`` from a learned ``x_0`` (randn init, shared across the batch; zeros with
+   ``learned_initial_state=False``), run as a log-depth parallel scan (§3.4, :func:`ssmhub.ops.block_scan`)
+   or a loop over time (``scan="sequential"``, :func:`ssmhub.ops.block_scan_ref`, faster on CPU for short T);
+5. output ``y_k = flatten(x_k) ∈ R^d`` (x_0 excluded; the layer's ``h(·)`` is the identity).
+
+Where the authors' code differs from the paper (spec regular-lrnn §1.2), the code is the default, since it
+is what reproduces Table 2: ``norm_mode="code"`` centres every column over its rows and divides the whole
+block by its largest column p-norm (no epsilon); ``norm_mode="paper"`` is Eq. 6's per-column
+``v / max(1, ‖v‖_p)`` without centring. ``v_k`` is an MLP in the code, ``B u_k`` in the paper.
+
+Stability (§3.3, Eq. 7): with p = 1 under ``norm_mode="paper"`` every column has 1-norm ≤ 1, a property
+closed under products, so ``‖x_k‖_1 ≤ ‖x_0‖_1 + Σ_j ‖v_j‖_1``. For p > 1 (the paper's 1.2) there is no
+such guarantee (column 1-norms can reach b^{1-1/p}).
+
+Decoding (:meth:`BDLRNNMixer.step`) is one ``(h, b, b)`` matvec per token (O(h·b²) in the recurrence,
+plus the two MLPs). Masked positions (``mask == 0``) use ``A = I`` and ``v = 0``, so they leave the state
+exactly unchanged and left-padded rows give the numbers of the unpadded row.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.block_scan import block_scan, block_scan_ref, block_step
+from ..ops.precision import float32_math
+
+__all__ = ["BDLRNNMixer", "normalize_blocks"]
+
+NORM_MODES = ("code", "paper")
+INPUT_MAPS = ("mlp", "linear")
+SCANS = ("parallel", "sequential")
+
+
+def _check_block_options(
+    hidden_size: int, block_size: int, p_norm: float, norm_mode: str, norm_eps: float, owner: str
+) -> None:
+    """Raise a ValueError naming the field (prefixed by ``owner``) whose value is bad."""
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"{owner}.block_size must be a positive integer; got {block_size!r}")
+    if hidden_size % block_size:
+        raise ValueError(f"{owner}.hidden_size ({hidden_size}) must be divisible by {owner}.block_size ({block_size})")
+    if not p_norm >= 1:
+        raise ValueError(f"{owner}.p_norm must be >= 1 (a p-norm); got {p_norm}")
+    if norm_mode not in NORM_MODES:
+        raise ValueError(f"{owner}.norm_mode must be one of {NORM_MODES}; got {norm_mode!r}")
+    if not norm_eps >= 0:
+        raise ValueError(f"{owner}.norm_eps must be non-negative; got {norm_eps}")
+    if norm_mode == "code" and block_size == 1:
+        # centring a 1×1 block makes it 0 and the division 0/0 (spec §1.2, b = 1 caveat)
+        raise ValueError(f"{owner}.block_size must be > 1 with norm_mode='code' (use norm_mode='paper' for b = 1)")
+
+
+@float32_math
+def normalize_blocks(G: torch.Tensor, p: float, mode: str = "code", eps: float = 0.0) -> torch.Tensor:
+    """Turn raw transitions G (..., b, b) [row i, col j] into blocks that satisfy the norm constraint.
+
+    ``mode="code"`` (authors' code, spec §1.2 steps 2-3): ``G ← G − mean_i G`` (each column sums to 0),
+    then ``A = G / (max_j ‖G[:, j]‖_p + eps)`` per block, so the largest column has p-norm exactly 1
+    (for eps = 0). ``mode="paper"`` (Eq. 6): each column ``v ← v / max(1, ‖v‖_p)``, no centring; columns
+    already inside the unit p-ball are unchanged (eps is not used).
+
+    Runs with autocast off, in float32 for half-precision G (float64 stays float64).
+    """
+    if G.dtype in (torch.float16, torch.bfloat16):
+        G = G.float()
+    if mode == "code":
+        G = G - G.mean(dim=-2, keepdim=True)  # centre each column over its rows
+        column_norms = torch.linalg.vector_norm(G, ord=p, dim=-2)  # (..., b): ‖G[:, j]‖_p
+        scale = column_norms.amax(dim=-1)[..., None, None]  # (..., 1, 1): largest column p-norm of the block
+        return G / (scale + eps) if eps else G / scale
+    if mode == "paper":
+        column_norms = torch.linalg.vector_norm(G, ord=p, dim=-2, keepdim=True)  # (..., 1, b)
+        return G / column_norms.clamp_min(1.0)  # v / max(1, ‖v‖_p), Eq. 6
+    raise ValueError(f"norm_mode must be one of {NORM_MODES}; got {mode!r}")
+
+
+class BDLRNNParameters(nn.Module):
+    """The recurrence parameters of one layer: the learned initial state ``x_0`` (1, h, b), kept in
+    float32 and out of weight decay; ``initial_state`` is None when x_0 is fixed at zero."""
+
+    def __init__(self, num_heads: int, block_size: int, learned_initial_state: bool):
+        super().__init__()
+        self.num_heads, self.block_size = num_heads, block_size
+        self.initial_state = nn.Parameter(torch.empty(1, num_heads, block_size)) if learned_initial_state else None
+        with torch.no_grad():
+            for name, value in self.initial_parameter_values().items():
+                self.get_parameter(name).copy_(value)
+
+    def initial_parameter_values(self, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Fresh values of every parameter, keyed by name: ``x_0 ~ N(0, 1)`` as in the authors' code (``a0``)."""
+        if self.initial_state is None:
+            return {}
+        return {"initial_state": torch.randn(1, self.num_heads, self.block_size, generator=generator)}
+
+
+class BDLRNNMixer(nn.Module):
+    """Block-diagonal input-dependent LRNN token mixer (Eq. 5-6, §3.3-3.4) following the ssmhub mixer protocol.
+
+    Args:
+        hidden_size: d = h·b, the model width (and the state size per sequence).
+        block_size: b, the size of each of the h = d / b diagonal blocks (the paper: 8).
+        p_norm: p of the column p-norm constraint (the paper: 1.2; p = 1 gives Eq. 7's stability guarantee).
+        norm_mode: ``"code"`` (centre columns, divide by the largest column p-norm; the authors' code,
+            default) or ``"paper"`` (Eq. 6, per column ``v / max(1, ‖v‖_p)``).
+        norm_eps: added to the denominator in ``"code"`` mode (0 as in the code).
+        transition_hidden_size: width of the transition MLP g (None: d·b, as in the code).
+        input_map: ``"mlp"`` (the code's ReLU MLP d→d→d for v_k) or ``"linear"`` (the paper's ``B u_k``).
+        learned_initial_state: learned x_0 initialised ``randn`` (the code) or x_0 = 0.
+        scan: ``"parallel"`` (log-depth scan) or ``"sequential"`` (loop over time; same numbers).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        block_size: int = 8,
+        p_norm: float = 1.2,
+        norm_mode: str = "code",
+        norm_eps: float = 0.0,
+        transition_hidden_size: int | None = None,
+        input_map: str = "mlp",
+        learned_initial_state: bool = True,
+        scan: str = "parallel",
+    ):
+        super().__init__()
+        _check_block_options(hidden_size, block_size, p_norm, norm_mode, norm_eps, type(self).__name__)
+        if input_map not in INPUT_MAPS:
+            raise ValueError(f"{type(self).__name__}.input_map must be one of {INPUT_MAPS}; got {input_map!r}")
+        if scan not in SCANS:
+            raise ValueError(f"{type(self).__name__}.scan must be one of {SCANS}; got {scan!r}")
+        if transition_hidden_size is not None and transition_hidden_size < 1:
+            raise ValueError(
+                f"{type(self).__name__}.transition_hidden_size must be positive; got {transition_hidden_size}"
+            )
+        self.hidden_size = hidden_size
+        self.block_size = block_size
+        self.num_heads = hidden_size // block_size
+        self.p_norm = p_norm
+        self.norm_mode = norm_mode
+        self.norm_eps = norm_eps
+        self.input_map = input_map
+        self.scan = scan
+        transition_hidden_size = transition_hidden_size or hidden_size * block_size
+        # g(u) = W_g2 ReLU(W_g1 u + c1) + c2, one b×b block per head (Eq. 5, A_k = g(u_k))
+        self.transition = nn.Sequential(
+            nn.Linear(hidden_size, transition_hidden_size),
+            nn.ReLU(),
+            nn.Linear(transition_hidden_size, self.num_heads * block_size * block_size),
+        )
+        if input_map == "mlp":  # the code's v_k = W_v2 ReLU(W_v1 u + c3) + c4
+            self.in_proj = nn.Sequential(
+                nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size)
+            )
+        else:  # the paper's B u_k
+            self.in_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.ssm = BDLRNNParameters(self.num_heads, block_size, learned_initial_state)
+
+    # ----------------------------------------------------------------------------- transitions
+    def transitions(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, v)`` of every token: x (..., d) -> A (..., h, b, b) normalised, v (..., h, b).
+
+        The MLPs follow autocast; A and v come back in float32 (float64 for float64 inputs). Where
+        ``mask`` (same leading shape as x) is 0, A is the identity and v is 0: the state passes unchanged.
+        """
+        heads, block = self.num_heads, self.block_size
+        G = self.transition(x).unflatten(-1, (heads, block, block))  # (..., h, b, b) [row i, col j]
+        A = normalize_blocks(G, self.p_norm, self.norm_mode, self.norm_eps)
+        v = self.in_proj(x).unflatten(-1, (heads, block))  # (..., h, b)
+        v = v.to(A.dtype)
+        if mask is not None:
+            keep = mask.to(torch.bool)
+            eye = torch.eye(block, dtype=A.dtype, device=A.device)
+            A = torch.where(keep[..., None, None, None], A, eye)  # (..., h, b, b)
+            v = torch.where(keep[..., None, None], v, v.new_zeros(()))  # (..., h, b)
+        return A, v
+
+    # ----------------------------------------------------------------------------- state
+    def _initial_state(self) -> torch.Tensor | None:
+        """x_0 as (1, h, b) float32 (float64 if the layer is), or None for zeros."""
+        x0 = self.ssm.initial_state
+        if x0 is None:
+            return None
+        return x0 if x0.dtype == torch.float64 else x0.float()
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """The state before the first token: x_0 expanded to (B, h, b) float32 (zeros if not learned)."""
+        x0 = self._initial_state()
+        shape = (batch_size, self.num_heads, self.block_size)
+        if x0 is None:
+            return {"bdlrnn_state": torch.zeros(shape, dtype=torch.float32, device=device)}
+        return {"bdlrnn_state": x0.to(device).expand(shape).clone()}
+
+    # ----------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Mix a whole sequence.
+
+        Args:
+            x: (B, T, d). mask: (B, T), 1 for real tokens; masked positions leave the state unchanged.
+            state: ``{"bdlrnn_state": (B, h, b)}`` after earlier tokens, or None to start from x_0.
+            return_state: return the state after the last token.
+
+        Returns: ``(y, new_state)``: y (B, T, d) in x's dtype, the flattened states x_1..x_T; new_state
+        None unless asked for.
+        """
+        A, v = self.transitions(x, mask)  # (B, T, h, b, b), (B, T, h, b)
+        x0 = state["bdlrnn_state"] if state is not None else self._initial_state()
+        if x0 is not None and x0.dtype != A.dtype:
+            x0 = x0.to(A.dtype)
+        if state is not None and x.shape[1] == 1:
+            states = block_step(A[:, 0], v[:, 0], x0).unsqueeze(1)  # (B, 1, h, b)
+        elif self.scan == "parallel":
+            states = block_scan(A, v, x0)  # (B, T, h, b)
+        else:
+            states = _sequential_scan(A, v, x0)  # (B, T, h, b)
+        y = states.flatten(2).to(x.dtype)  # (B, T, d)
+        new_state = {"bdlrnn_state": states[:, -1]} if return_state else None
+        return y, new_state
+
+    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token: x_t (B, d) and the state after the previous token -> (y_t (B, d), new state). O(h·b²)
+        in the recurrence (plus the two MLPs)."""
+        A_t, v_t = self.transitions(x_t)  # (B, h, b, b), (B, h, b)
+        new_state = block_step(A_t, v_t, state["bdlrnn_state"])  # (B, h, b)
+        return new_state.flatten(1).to(x_t.dtype), {"bdlrnn_state": new_state}
+
+
+@float32_math
+def _sequential_scan(A: torch.Tensor, v: torch.Tensor, x0: torch.Tensor | None) -> torch.Tensor:
+    """The loop over time, with autocast off so its einsums stay in A's dtype."""
+    return block_scan_ref(A, v, x0)

@@ -1,0 +1,295 @@
+"""The block-diagonal input-dependent LRNN mixer (arXiv 2309.07412): scans vs a naive loop of the spec's
+pseudocode, decoding, padding, the two normalisations (Eq. 6 and the authors' code), stability (Eq. 7),
+a hand-set Sum(5) automaton (spec §5) and bad options."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ssmhub import BDLRNNConfig
+from ssmhub.layers.bdlrnn import BDLRNNMixer, normalize_blocks
+
+
+def _mixer(dtype=torch.float32, **kwargs):
+    torch.manual_seed(0)
+    defaults = {"hidden_size": 8, "block_size": 4, "transition_hidden_size": 16}
+    return BDLRNNMixer(**{**defaults, **kwargs}).to(dtype).eval()
+
+
+def _naive(mixer: BDLRNNMixer, x: torch.Tensor) -> torch.Tensor:
+    """Spec §6 per-token pseudocode written out: G = g(z), centre/normalise, v = B(z), x ← A x + v."""
+    batch, seq_len, _ = x.shape
+    h, b, p = mixer.num_heads, mixer.block_size, mixer.p_norm
+    g1, g2 = mixer.transition[0], mixer.transition[2]
+    if mixer.ssm.initial_state is None:
+        state = x.new_zeros(batch, h, b)
+    else:
+        state = mixer.ssm.initial_state.to(x.dtype).expand(batch, h, b)
+    outputs = []
+    for t in range(seq_len):
+        z = x[:, t]
+        G = (F.linear(F.relu(F.linear(z, g1.weight, g1.bias)), g2.weight, g2.bias)).reshape(batch, h, b, b)
+        if mixer.norm_mode == "code":
+            G = G - G.mean(dim=-2, keepdim=True)
+            col = (G.abs() ** p).sum(dim=-2) ** (1 / p)  # (B, h, b): column p-norms
+            A = G / (col.max(dim=-1).values[..., None, None] + mixer.norm_eps)
+        else:
+            col = (G.abs() ** p).sum(dim=-2) ** (1 / p)
+            A = G / torch.clamp(col, min=1.0)[..., None, :]
+        if mixer.input_map == "mlp":
+            v1, v2 = mixer.in_proj[0], mixer.in_proj[2]
+            v = F.linear(F.relu(F.linear(z, v1.weight, v1.bias)), v2.weight, v2.bias)
+        else:
+            v = F.linear(z, mixer.in_proj.weight)
+        state = torch.einsum("bhij,bhj->bhi", A, state) + v.reshape(batch, h, b)
+        outputs.append(state.reshape(batch, h * b))
+    return torch.stack(outputs, dim=1)
+
+
+VARIANTS = [
+    {},
+    {"norm_mode": "paper", "input_map": "linear", "learned_initial_state": False},
+    {"norm_mode": "paper", "p_norm": 1.0},
+    {"norm_eps": 1e-3, "block_size": 2},
+]
+
+
+@pytest.mark.parametrize("options", VARIANTS)
+def test_parallel_and_sequential_scans_equal_the_naive_loop(options):
+    """Outputs and gradients (inputs and every parameter), float64, with a non-power-of-2 length."""
+    mixer = _mixer(torch.float64, **options)
+    x = torch.randn(2, 37, 8, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(2, 37, 8, dtype=torch.float64)
+    results = []
+    for name in ("parallel", "sequential", "naive"):
+        mixer.scan = "parallel" if name == "naive" else name
+        y = _naive(mixer, x) if name == "naive" else mixer(x)[0]
+        grads = torch.autograd.grad((y * weights).sum(), [x, *mixer.parameters()])
+        results.append((y, grads))
+    for y, grads in results[:2]:
+        torch.testing.assert_close(y, results[2][0], atol=1e-10, rtol=1e-10)
+        for g, g_ref in zip(grads, results[2][1]):
+            torch.testing.assert_close(g, g_ref, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("options", VARIANTS[:2])
+@pytest.mark.parametrize("scan", ["parallel", "sequential"])
+def test_step_by_step_equals_forward(options, scan):
+    mixer = _mixer(scan=scan, **options)
+    x = torch.randn(2, 25, 8)
+    y_full, final = mixer(x, return_state=True)
+    state = mixer.init_state(2)
+    for t in range(x.shape[1]):
+        y_t, state = mixer.step(x[:, t], state)
+        torch.testing.assert_close(y_t, y_full[:, t], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state["bdlrnn_state"], final["bdlrnn_state"], atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_then_steps_and_chunks_continue_the_state():
+    mixer = _mixer()
+    x = torch.randn(3, 40, 8)
+    y_full, final = mixer(x, return_state=True)
+    y_a, state = mixer(x[:, :17], return_state=True)
+    y_b, state = mixer(x[:, 17:31], state=state, return_state=True)
+    y_c, state = mixer(x[:, 31:32], state=state, return_state=True)  # one token: the step path
+    steps = []
+    for t in range(32, 40):
+        y_t, state = mixer.step(x[:, t], state)
+        steps.append(y_t)
+    torch.testing.assert_close(torch.cat([y_a, y_b, y_c, torch.stack(steps, 1)], 1), y_full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state["bdlrnn_state"], final["bdlrnn_state"], atol=1e-5, rtol=1e-5)
+
+
+def test_init_state_is_the_learned_x0():
+    mixer = _mixer()
+    state = mixer.init_state(3)["bdlrnn_state"]
+    assert state.shape == (3, 2, 4) and state.dtype == torch.float32
+    torch.testing.assert_close(state, mixer.ssm.initial_state.expand(3, 2, 4))
+    assert state.abs().sum() > 0  # x_0 ~ randn, not zeros (spec §1.2 step 5)
+    zero = _mixer(learned_initial_state=False)
+    assert zero.ssm.initial_state is None and not zero.init_state(2)["bdlrnn_state"].any()
+
+
+@pytest.mark.parametrize("scan", ["parallel", "sequential"])
+def test_masked_positions_leave_the_state_unchanged(scan):
+    mixer = _mixer(scan=scan)
+    x = torch.randn(1, 12, 8)
+    padded = torch.cat([torch.randn(1, 5, 8) * 3, x], 1)  # left padding with garbage values
+    mask = torch.cat([torch.zeros(1, 5), torch.ones(1, 12)], 1)
+    y_alone, state_alone = mixer(x, return_state=True)
+    y_pad, state_pad = mixer(padded, mask=mask, return_state=True)
+    torch.testing.assert_close(y_pad[:, 5:], y_alone, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(state_pad["bdlrnn_state"], state_alone["bdlrnn_state"], atol=1e-6, rtol=1e-6)
+    x0 = mixer.ssm.initial_state.detach().flatten(1)
+    torch.testing.assert_close(y_pad[:, :5], x0.expand(5, -1).unsqueeze(0))  # still x_0 on the padding
+    holes = torch.ones(1, 12)
+    holes[0, [3, 4, 9, 11]] = 0  # masked positions inside a row and at its end
+    y_holes, state_holes = mixer(x, mask=holes, return_state=True)
+    for t in (3, 4, 9, 11):  # A = I, v = 0 there (the parallel scan may round differently in the last bit)
+        torch.testing.assert_close(y_holes[:, t], y_holes[:, t - 1], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(state_holes["bdlrnn_state"].flatten(1), y_holes[:, 10], atol=1e-6, rtol=1e-6)
+
+
+def _column_p_norms(A, p):
+    return torch.linalg.vector_norm(A, ord=p, dim=-2)  # (..., b)
+
+
+@pytest.mark.parametrize("p", [1.0, 1.2, 2.0])
+def test_code_normalisation_centres_columns_and_sets_the_largest_column_norm_to_one(p):
+    G = torch.randn(3, 5, 4, 8, 8, dtype=torch.float64) * 7 + 2
+    A = normalize_blocks(G, p, "code")
+    torch.testing.assert_close(A.sum(dim=-2), torch.zeros(3, 5, 4, 8, dtype=torch.float64), atol=1e-12, rtol=0)
+    norms = _column_p_norms(A, p)
+    torch.testing.assert_close(norms.amax(dim=-1), torch.ones(3, 5, 4, dtype=torch.float64), atol=1e-12, rtol=0)
+    assert (norms <= 1 + 1e-12).all()
+    # per token and head: scaling one block's G leaves every block's A unchanged
+    G2 = G.clone()
+    G2[0, 1, 2] *= 100
+    torch.testing.assert_close(normalize_blocks(G2, p, "code"), A)
+
+
+@pytest.mark.parametrize("p", [1.0, 1.2])
+def test_paper_normalisation_projects_columns_into_the_unit_ball(p):
+    G = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    G = G * torch.rand(4, 3, 1, 6, dtype=torch.float64) * 2  # some columns inside the ball, some outside
+    norms = _column_p_norms(G, p)
+    inside = norms <= 1
+    assert inside.any() and (~inside).any()
+    A = normalize_blocks(G, p, "paper")
+    assert (_column_p_norms(A, p) <= 1 + 1e-12).all()
+    torch.testing.assert_close(A.transpose(-1, -2)[inside], G.transpose(-1, -2)[inside], atol=0, rtol=0)
+    torch.testing.assert_close(_column_p_norms(A, p)[~inside], torch.ones_like(norms[~inside]))
+
+
+def test_normalisation_is_float32_under_autocast():
+    mixer = _mixer()
+    x = torch.randn(2, 6, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        A, v = mixer.transitions(x)
+        y, state = mixer(x, return_state=True)
+    assert A.dtype == v.dtype == state["bdlrnn_state"].dtype == torch.float32
+    assert torch.isfinite(y).all()
+
+
+@torch.no_grad()
+def test_p1_paper_mode_states_stay_within_the_eq7_bound_for_100k_tokens():
+    """Eq. 7: with p = 1 every column has 1-norm ≤ 1, so ‖x_k‖_1 ≤ ‖x_0‖_1 + Σ_{j≤k} ‖v_j‖_1 per block."""
+    mixer = _mixer(norm_mode="paper", p_norm=1.0, hidden_size=4, block_size=2, transition_hidden_size=8)
+    gen = torch.Generator().manual_seed(1)
+    state = mixer.init_state(1)
+    bound = state["bdlrnn_state"].abs().sum(-1)  # (1, h)
+    total, chunk = 100_000, 10_000
+    for _ in range(total // chunk):
+        x = torch.randn(1, chunk, 4, generator=gen) * 5  # large inputs: most columns land on the sphere
+        _, v = mixer.transitions(x)
+        y, state = mixer(x, state=state, return_state=True)
+        norms = y.unflatten(-1, (2, 2)).abs().sum(-1)  # (1, T, h)
+        bounds = bound.unsqueeze(1) + v.abs().sum(-1).cumsum(1)  # (1, T, h)
+        assert torch.isfinite(y).all()
+        assert (norms <= bounds * (1 + 1e-5)).all()
+        bound = bounds[:, -1]
+
+
+@torch.no_grad()
+def test_p1_paper_mode_products_never_grow_the_state():
+    """v = 0: x_k = A_k⋯A_1 x_0, and every step can only shrink ‖x‖_1 (Eq. 7, spec §5 test 2)."""
+    mixer = _mixer(norm_mode="paper", p_norm=1.0, input_map="linear")
+    mixer.in_proj.weight.zero_()
+    x = torch.randn(4, 2000, 8) * 5
+    y = mixer(x)[0].unflatten(-1, (2, 4)).abs().sum(-1)  # (B, T, h): ‖x_k‖_1 per block
+    x0 = mixer.ssm.initial_state.abs().sum(-1).unsqueeze(1)  # (1, 1, h)
+    norms = torch.cat([x0.expand(4, 1, 2), y], dim=1)
+    assert (norms[:, 1:] <= norms[:, :-1] * (1 + 1e-6) + 1e-30).all()
+
+
+@torch.no_grad()
+def test_code_mode_p12_stays_finite_for_10k_tokens():
+    mixer = _mixer()  # norm_mode="code", p = 1.2 (the paper's setting)
+    y, state = mixer(torch.randn(2, 10_000, 8) * 3, return_state=True)
+    assert torch.isfinite(y).all() and torch.isfinite(state["bdlrnn_state"]).all()
+
+
+def _sum5_automaton(norm_mode: str) -> BDLRNNMixer:
+    """Spec §5 test 3: one-hot input s ↦ A = P^s (cyclic shift by s), v = 0, x_0 = e_0, so x_k = e_{Σ s mod 5}."""
+    mixer = BDLRNNMixer(
+        5, block_size=5, p_norm=1.2, norm_mode=norm_mode, transition_hidden_size=5, input_map="linear"
+    ).double()
+    shift = torch.roll(torch.eye(5, dtype=torch.float64), 1, dims=0)  # P e_j = e_{j+1 mod 5}
+    with torch.no_grad():
+        mixer.transition[0].weight.copy_(torch.eye(5))
+        mixer.transition[0].bias.zero_()
+        mixer.transition[2].weight.copy_(
+            torch.stack([torch.linalg.matrix_power(shift, s).flatten() for s in range(5)], 1)
+        )
+        mixer.transition[2].bias.zero_()
+        mixer.in_proj.weight.zero_()
+        mixer.ssm.initial_state.copy_(torch.eye(5)[0].view(1, 1, 5))
+    return mixer
+
+
+@pytest.mark.parametrize("scan", ["parallel", "sequential", "step"])
+def test_hand_set_permutation_blocks_compute_sum5_exactly(scan):
+    mixer = _sum5_automaton("paper")
+    length = 120 if scan == "step" else 500  # L_ex = 500 (Table 1); stepping is slow in a Python loop
+    tokens = torch.randint(0, 5, (3, length), generator=torch.Generator().manual_seed(0))
+    x = F.one_hot(tokens, 5).double()
+    expected = F.one_hot(tokens.cumsum(1) % 5, 5).double()
+    with torch.no_grad():
+        if scan == "step":
+            state, ys = mixer.init_state(3), []
+            for t in range(length):
+                y_t, state = mixer.step(x[:, t], state)
+                ys.append(y_t)
+            y = torch.stack(ys, 1)
+        else:
+            mixer.scan = scan
+            y = mixer(x)[0]
+    torch.testing.assert_close(y, expected, atol=0, rtol=0)
+
+
+def test_code_normalisation_keeps_the_permutation_automaton_up_to_a_contraction():
+    """Centred permutations compose (C(P₁)C(P₂) = C(P₁P₂)) but are rescaled by 1/‖col‖_1.2 each step."""
+    mixer = _sum5_automaton("code")
+    tokens = torch.randint(0, 5, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y = mixer(F.one_hot(tokens, 5).double())[0]
+    assert torch.equal(y.argmax(-1), tokens.cumsum(1) % 5)
+    column = torch.full((5,), -0.2, dtype=torch.float64)
+    column[0] = 0.8
+    rate = 1 / torch.linalg.vector_norm(column, ord=1.2)
+    # from x_0 = e_0, x_k = rate^k (e_{Σs} − 1/5) after the first step's centring
+    torch.testing.assert_close(y[:, -1].abs().sum(-1), (rate**40 * 1.6).expand(3), rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"hidden_size": 20, "block_size": 8}, "hidden_size"),
+        ({"block_size": 0}, "block_size"),
+        ({"block_size": 1}, "block_size"),  # centring a 1×1 block gives 0/0 in "code" mode
+        ({"p_norm": 0.5}, "p_norm"),
+        ({"norm_mode": "unit"}, "norm_mode"),
+        ({"norm_eps": -1.0}, "norm_eps"),
+        ({"transition_hidden_size": 0}, "transition_hidden_size"),
+        ({"input_map": "conv"}, "input_map"),
+        ({"scan": "pscan"}, "scan"),
+    ],
+)
+def test_bad_options_raise_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"BDLRNNConfig.{field}"):
+        BDLRNNConfig(**{"vocab_size": 8, "hidden_size": 16, **kwargs})
+    with pytest.raises(ValueError, match=f"BDLRNNMixer.{field}"):
+        BDLRNNMixer(**{"hidden_size": 16, **kwargs})
+
+
+def test_block_size_one_works_in_paper_mode():
+    mixer = _mixer(block_size=1, norm_mode="paper")
+    y, _ = mixer(torch.randn(2, 9, 8))
+    assert torch.isfinite(y).all()
+
+
+def test_paper_sized_layer_has_the_codes_parameter_count():
+    """d = 64, b = 8: 304,448 parameters per layer with its LayerNorm (spec §1.3), 86% of them in W_g2."""
+    mixer = BDLRNNMixer(64, block_size=8)
+    assert sum(p.numel() for p in mixer.parameters()) + 2 * 64 == 304_448
+    assert mixer.transition[2].weight.numel() / 304_448 > 0.86
