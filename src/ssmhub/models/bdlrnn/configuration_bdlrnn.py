@@ -26,8 +26,8 @@ class BDLRNNConfig(RecurrentLMConfig):
             the code).
         input_map: ``"mlp"`` (default: the code's ReLU MLP for ``v_k``) or ``"linear"`` (the paper's ``B u_k``).
         learned_initial_state: a learned x_0 initialised ``randn`` (the code) or x_0 = 0.
-        scan: ``"parallel"`` (§3.4 log-depth scan) or ``"sequential"`` (loop over time; same numbers,
-            often faster on CPU for short sequences).
+        scan: ``"parallel"`` (§3.4 log-depth scan), ``"sequential"`` (loop over time; same numbers)
+            or ``"auto"`` (default: parallel for CUDA tensors, the loop on CPU, where it measured faster).
     """
 
     model_type = "bdlrnn"
@@ -39,7 +39,7 @@ class BDLRNNConfig(RecurrentLMConfig):
     transition_hidden_size: int | None = None
     input_map: str = "mlp"
     learned_initial_state: bool = True
-    scan: str = "parallel"
+    scan: str = "auto"
 
     def check_fields(self) -> None:
         super().check_fields()
@@ -47,7 +47,7 @@ class BDLRNNConfig(RecurrentLMConfig):
         check_positive(self, "norm_eps", allow_zero=True)
         check_choice(self, "norm_mode", ("code", "paper"))
         check_choice(self, "input_map", ("mlp", "linear"))
-        check_choice(self, "scan", ("parallel", "sequential"))
+        check_choice(self, "scan", ("auto", "parallel", "sequential"))
         if not self.p_norm >= 1:
             raise ValueError(f"BDLRNNConfig.p_norm must be >= 1 (a p-norm); got {self.p_norm}")
         if self.hidden_size % self.block_size:
