@@ -52,7 +52,7 @@ FAMILIES = [
     Family(  # the authors' code: centred columns over the largest column p-norm, MLP input map, learned x_0
         "bdlrnn",
         ssmhub.BDLRNNConfig,
-        {"block_size": 4, "transition_hidden_size": 32, "scan": "parallel"},
+        {"block_size": 4, "transition_hidden_size": 32, "scan": "parallel", "last_layer_residual": False},
         ssmhub.BDLRNNForCausalLM,
         ssmhub.BDLRNNForSequenceClassification,
         ssmhub.BDLRNNForTokenClassification,

@@ -38,6 +38,8 @@ class RecurrentLMConfig(PreTrainedConfig):
         intermediate_size: width of an optional position-wise MLP after each mixer (0: none, the
             plain stack of mixers described in the DLR paper §2.3).
         prenorm: ``x + f(LN(x))`` with a final LayerNorm (True) or post-norm ``LN(x + f(x))``.
+        last_layer_residual: False makes the last block output its mixer's result without the residual
+            stream (pre-norm only), as the regular-language LRNN code does (arXiv 2309.07412).
         layer_norm_epsilon: LayerNorm epsilon.
         initializer_range: std of the normal init of embeddings and linear maps.
         classifier_pooling: how sequence classification pools over positions: ``"max"`` (the DLR
@@ -53,6 +55,7 @@ class RecurrentLMConfig(PreTrainedConfig):
     num_hidden_layers: int = 4
     intermediate_size: int = 0
     prenorm: bool = True
+    last_layer_residual: bool = True
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
     classifier_pooling: str = "max"
@@ -77,3 +80,7 @@ class RecurrentLMConfig(PreTrainedConfig):
         check_positive(self, "intermediate_size", "initializer_range", "classifier_intermediate_size", allow_zero=True)
         check_positive(self, "recurrence_learning_rate")
         check_choice(self, "classifier_pooling", POOLINGS)
+        if not self.last_layer_residual and not self.prenorm:
+            raise ValueError(
+                f"{type(self).__name__}.last_layer_residual=False needs prenorm=True (post-norm blocks always add it)"
+            )

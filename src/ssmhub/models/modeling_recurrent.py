@@ -51,9 +51,10 @@ class MLP(nn.Module):
 class RecurrentBlock(GradientCheckpointingLayer):
     """One residual block: a token mixer, then an optional MLP, each pre- or post-normed."""
 
-    def __init__(self, config, mixer: nn.Module):
+    def __init__(self, config, mixer: nn.Module, residual: bool = True):
         super().__init__()
         self.prenorm = config.prenorm
+        self.residual = residual  # False: the mixer's output replaces the stream (pre-norm only)
         self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.mixer = mixer
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if config.intermediate_size else None
@@ -63,7 +64,7 @@ class RecurrentBlock(GradientCheckpointingLayer):
         """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``)."""
         if self.prenorm:
             mixed, new_state = self.mixer(self.mixer_norm(hidden_states), mask, state, return_state)
-            hidden_states = hidden_states + mixed
+            hidden_states = hidden_states + mixed if self.residual else mixed
             if self.mlp is not None:
                 hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
         else:
@@ -152,8 +153,10 @@ class RecurrentModel(RecurrentPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        last = config.num_hidden_layers - 1
         self.layers = nn.ModuleList(
-            RecurrentBlock(config, self.build_mixer(config, idx)) for idx in range(config.num_hidden_layers)
+            RecurrentBlock(config, self.build_mixer(config, idx), residual=idx < last or config.last_layer_residual)
+            for idx in range(config.num_hidden_layers)
         )
         self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if config.prenorm else None
         self.gradient_checkpointing = False
