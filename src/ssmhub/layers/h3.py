@@ -1,0 +1,278 @@
+"""The H3 layer with long convolutions (long-conv paper §4.1.3-4; H3 code ``src/models/ssm/h3.py``).
+
+On an input ``u ∈ R^{B×L×d}``, with ``H = num_heads`` heads of size ``d_h = d / H``:
+
+1. ``q, k, v = Linear_{d→3d}(u)`` (one fused map with bias; the H3 code uses three d→d Linears);
+2. shift convolution on k: ``k̃ = K_shift ∗ k + D_shift ⊙ k``, depthwise and causal over ``shift_kernel_size``
+   taps (:class:`~ssmhub.layers.longconv.LongConvKernel` with ``kernel_init="conv"``, no regularization);
+3. per head and position, ``kv_t = k̃_t v_tᵀ ∈ R^{d_h×d_h}`` (``d_h = 1``: ``k̃ ⊙ v``);
+4. the regularized long convolution in place of H3's diagonal SSM, one learned kernel per head shared by
+   the ``d_h²`` entries of kv: ``s = K ∗ kv + D ⊙ kv`` (:func:`ssmhub.ops.longconv.causal_conv`, the FFT
+   convolution of :mod:`ssmhub.ops.fftconv`, float32);
+5. ``o_t = q_tᵀ s_t`` per head (sum over the head dimension), concatenated as channel ``h·d_h + j``;
+6. ``y = Linear_{d→d}(o)``. No nonlinearity inside the layer.
+
+What this implements vs the code:
+- H3's shift SSM is an N = 64 tap FIR (``SSKernelShift``: B = e₁, C ~ Conv1d init, plus ``D_shift ~ randn``);
+  safari's ``H3Conv`` replaces it by a full-length regularized long conv. Here it is a
+  ``shift_kernel_size``-tap causal depthwise FIR (default 4, as in Mamba-style short convs) with the H3
+  init; ``shift_kernel_size=64`` is H3's shift SSM exactly, and ``shift_kernel_size=max_kernel_length``
+  with ``regularize_shift_kernel=True`` is ``H3Conv``. The tap 0 and ``D_shift`` are redundant (as in H3).
+- The output channel order is ``(head, j)``; the H3 code concatenates ``(j, head)`` (a fixed permutation
+  absorbed by the output Linear).
+- The H3 code has no masking; here padding is zeroed (see below).
+
+Decoding is exact: :meth:`H3Mixer.step` keeps the last ``shift_kernel_size − 1`` k inputs and the last
+``max_kernel_length − 1`` kv inputs in fixed-shape windows (taps reach back L_max − 1 positions; an input
+further back meets a zero tap), so each token costs O(d·d_h·L_max), and a forward pass handed a state
+continues from it (prefill). An explicit length-L kernel has no smaller exact state (spec longconv.md
+§6); :meth:`H3Mixer.kernel` exposes the effective kernel so that a distilled (modal SSM) decode can be
+fitted to it later.
+
+Padding: masked positions are zeroed in the input and again in k and v after the biased projection,
+so they contribute nothing to either convolution; zeros at the front of a causal convolution add
+nothing wherever they sit, so a left-padded row gives the same outputs as the row alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.longconv import PAPER_ORDER, causal_conv, causal_conv_step
+from .longconv import LongConvKernel
+
+__all__ = ["H3Mixer"]
+
+
+class H3Mixer(nn.Module):
+    """H3 token mixer with a learned long convolution, following the ssmhub mixer protocol.
+
+    Args:
+        hidden_size: d.
+        max_kernel_length: L_max, the learned taps of the long convolution (inputs may be longer).
+        num_heads: H heads of size d/H. None (default) means d heads of size 1 (H3's ``head_dim=1``,
+            used in all H3 configs); a smaller H gives the multi-head outer-product state of the H3 code.
+        shift_kernel_size: taps of the causal shift convolution on k (>= 1).
+        kernel_init: ``"geometric"`` (default, the LM runs) or ``"random"`` for the long kernel.
+        kernel_init_std: scale of the long-kernel init (None: 0.02 geometric, 0.002 random, as safari).
+        geometric_convention: ``"paper"`` (§3.1 formula) or ``"code"`` (safari ``double_exp``).
+        kernel_dropout: dropout on the kernel weights in training (paper Table 17, OWT: 0).
+        smooth_width: p of Smooth, window 2p+1 (0 = off: the paper keeps Squash only).
+        smooth_domain: ``"time"`` or ``"frequency"``.
+        squash_lambda: λ of Squash (paper Table 17, OWT: 0.001; safari H3Conv default 0.003).
+        kernel_regularization_order: default Algorithm 1 (dropout, smooth, squash); safari's code
+            order is ``("smooth", "squash", "dropout")``.
+        regularize_shift_kernel: give the shift kernel the long kernel's init and regularization
+            (safari ``H3Conv``) instead of H3's Conv1d init without regularization.
+        bias: biases of the input and output Linears.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        max_kernel_length: int,
+        num_heads: int | None = None,
+        shift_kernel_size: int = 4,
+        kernel_init: str = "geometric",
+        kernel_init_std: float | None = None,
+        geometric_convention: str = "paper",
+        kernel_dropout: float = 0.0,
+        smooth_width: int = 0,
+        smooth_domain: str = "time",
+        squash_lambda: float = 0.001,
+        kernel_regularization_order: tuple[str, ...] = PAPER_ORDER,
+        regularize_shift_kernel: bool = False,
+        bias: bool = True,
+    ):
+        super().__init__()
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("max_kernel_length", max_kernel_length),
+            ("shift_kernel_size", shift_kernel_size),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+        if num_heads is None:
+            num_heads = hidden_size
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads must be an integer >= 1 or None; got {num_heads!r}")
+        if hidden_size % num_heads:
+            raise ValueError(f"num_heads ({num_heads}) must divide hidden_size ({hidden_size})")
+        if kernel_init not in ("geometric", "random"):
+            raise ValueError(f"kernel_init must be 'geometric' or 'random'; got {kernel_init!r}")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
+        self.max_kernel_length, self.shift_kernel_size = max_kernel_length, shift_kernel_size
+        regularization = {
+            "kernel_dropout": kernel_dropout,
+            "smooth_width": smooth_width,
+            "smooth_domain": smooth_domain,
+            "squash_lambda": squash_lambda,
+            "regularization_order": kernel_regularization_order,
+        }
+        self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)  # q, k, v
+        if regularize_shift_kernel:
+            shift_init = {"kernel_init": kernel_init, "init_std": kernel_init_std, **regularization}
+        else:
+            shift_init = {"kernel_init": "conv"}
+        self.shift_conv = LongConvKernel(
+            hidden_size, shift_kernel_size, geometric_convention=geometric_convention, **shift_init
+        )
+        self.long_conv = LongConvKernel(
+            num_heads,
+            max_kernel_length,
+            kernel_init=kernel_init,
+            init_std=kernel_init_std,
+            geometric_convention=geometric_convention,
+            **regularization,
+        )
+        self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+
+    # ----------------------------------------------------------------------------- kernels
+    def kernel(self, length: int) -> torch.Tensor:
+        """The effective (num_heads, length) float32 long-conv kernel (regularized; zero beyond L_max).
+
+        Together with ``self.long_conv.skip`` (D) this is the whole long convolution: the hook for a
+        distilled decode that fits it with a modal (diagonal SSM) form.
+        """
+        return self.long_conv(length)
+
+    def shift_kernel(self, length: int | None = None) -> torch.Tensor:
+        """The effective (hidden_size, length) float32 shift kernel (default: its own length)."""
+        return self.shift_conv(self.shift_kernel_size if length is None else length)
+
+    # ----------------------------------------------------------------------------- state
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Zero windows of past inputs, float32 whatever the model dtype (the convolutions run in float32).
+
+        ``shift_state``: (B, d, shift_kernel_size − 1), the last k inputs, oldest first;
+        ``kv_state``: (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first.
+        """
+        dh = self.head_dim
+        return {
+            "shift_state": torch.zeros(
+                batch_size, self.hidden_size, self.shift_kernel_size - 1, dtype=torch.float32, device=device
+            ),
+            "kv_state": torch.zeros(
+                batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1, dtype=torch.float32, device=device
+            ),
+        }
+
+    def _check_state(self, state: dict[str, torch.Tensor], batch_size: int) -> None:
+        dh = self.head_dim
+        expected = {
+            "shift_state": (batch_size, self.hidden_size, self.shift_kernel_size - 1),
+            "kv_state": (batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1),
+        }
+        got = {name: tuple(state[name].shape) for name in expected if name in state}
+        if got != expected:
+            raise ValueError(f"state must hold tensors of shapes {expected}; got {got}")
+
+    # ----------------------------------------------------------------------------- heads
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, d, ...) channel-first -> (B, d_h, H, ...): channel c = h·d_h + i goes to [i, h]."""
+        b, _, *rest = t.shape
+        return t.reshape(b, self.num_heads, self.head_dim, *rest).transpose(1, 2)
+
+    def _mix(self, q, k_shift, v, conv):
+        """Steps 3-5 on channel-first float32 tensors (B, d, ...) -> o (B, d, ...), plus conv's extra output."""
+        kv = self._heads(k_shift).unsqueeze(2) * self._heads(v).unsqueeze(1)  # (B, d_h_i, d_h_j, H, ...)
+        s, extra = conv(kv)  # (B, d_h, d_h, H, ...)
+        o = (self._heads(q).unsqueeze(2) * s).sum(1)  # (B, d_h_j, H, ...): o_t = q_tᵀ s_t per head
+        o = o.transpose(1, 2)  # (B, H, d_h_j, ...)
+        return o.reshape(o.shape[0], self.hidden_size, *o.shape[3:]), extra  # channel h·d_h + j
+
+    # ----------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Mix a whole sequence.
+
+        Args:
+            x: (B, L, d). mask: (B, L), 1 for real tokens. state: the windows after earlier tokens
+                (from :meth:`init_state`, a previous forward or :meth:`step`), or None.
+            return_state: also return the windows after the last token.
+
+        Returns: ``(y (B, L, d), new_state or None)``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must have shape (B, L, {self.hidden_size}); got {tuple(x.shape)}")
+        batch, seq_len, _ = x.shape
+        if mask is not None:
+            if mask.shape != x.shape[:2]:
+                raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
+            x = x * mask.unsqueeze(-1).to(x.dtype)
+        if state is not None:
+            self._check_state(state, batch)
+            if seq_len == 1:
+                y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
+                return y_t.unsqueeze(1), (new_state if return_state else None)
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, L, d) each
+        if mask is not None:  # the projection's bias made masked k, v nonzero again
+            keep = mask.unsqueeze(-1).to(k.dtype)
+            k, v = k * keep, v * keep
+        q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))  # (B, d, L) float32
+        shift_window, kv_window = self.shift_kernel_size - 1, self.max_kernel_length - 1
+        k_shift, shift_final = causal_conv(
+            k,
+            self.shift_conv(self.shift_kernel_size),
+            self.shift_conv.skip,
+            initial_state=None if state is None else state["shift_state"],
+            return_final_state=return_state,
+            state_length=shift_window,
+        )  # (B, d, L)
+        long_kernel = self.long_conv(self.max_kernel_length)  # fft_conv uses only the taps it can reach
+
+        def conv(kv):
+            return causal_conv(
+                kv,
+                long_kernel,
+                self.long_conv.skip,
+                initial_state=None if state is None else state["kv_state"],
+                return_final_state=return_state,
+                state_length=kv_window,
+            )
+
+        o, kv_final = self._mix(q, k_shift, v, conv)  # (B, d, L)
+        y = self.out_proj(o.transpose(1, 2).to(x.dtype))
+        new_state = {"shift_state": shift_final, "kv_state": kv_final} if return_state else None
+        return y, new_state
+
+    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token: x_t (B, d) and the windows after the previous token -> (y_t (B, d), new windows).
+
+        O(d·(shift_kernel_size + d_h·max_kernel_length)) work; equals :meth:`forward` on the whole
+        sequence at that position.
+        """
+        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
+            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
+        self._check_state(state, x_t.shape[0])
+        return self._step(x_t, state, None)
+
+    def _step(self, x_t, state, mask_t):
+        q, k, v = self.in_proj(x_t).chunk(3, dim=-1)  # (B, d) each
+        if mask_t is not None:
+            keep = mask_t.unsqueeze(-1).to(k.dtype)
+            k, v = k * keep, v * keep
+        q, k, v = q.float(), k.float(), v.float()
+        k_shift, shift_state = causal_conv_step(
+            k, state["shift_state"], self.shift_conv(self.shift_kernel_size), self.shift_conv.skip
+        )  # (B, d)
+        long_kernel = self.long_conv(self.max_kernel_length)
+
+        def conv(kv):
+            return causal_conv_step(kv, state["kv_state"], long_kernel, self.long_conv.skip)
+
+        o, kv_state = self._mix(q, k_shift, v, conv)  # (B, d)
+        y_t = self.out_proj(o.to(x_t.dtype))
+        return y_t, {"shift_state": shift_state, "kv_state": kv_state}
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"max_kernel_length={self.max_kernel_length}, shift_kernel_size={self.shift_kernel_size}"
+        )
