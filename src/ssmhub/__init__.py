@@ -17,6 +17,12 @@ from .models import (
     DLRForTokenClassification,
     DLRModel,
     DLRPreTrainedModel,
+    H3Config,
+    H3ForCausalLM,
+    H3ForSequenceClassification,
+    H3ForTokenClassification,
+    H3Model,
+    H3PreTrainedModel,
 )
 
 __version__ = "0.1.0"
@@ -34,6 +40,12 @@ __all__ = [
     "DLRForTokenClassification",
     "DLRModel",
     "DLRPreTrainedModel",
+    "H3Config",
+    "H3ForCausalLM",
+    "H3ForSequenceClassification",
+    "H3ForTokenClassification",
+    "H3Model",
+    "H3PreTrainedModel",
     "RecurrentCache",
     "__version__",
 ]

@@ -71,4 +71,28 @@ FAMILIES = [
         ssmhub.BDLRNNForSequenceClassification,
         ssmhub.BDLRNNForTokenClassification,
     ),
+    Family(
+        "h3",
+        ssmhub.H3Config,
+        {"max_kernel_length": 12, "intermediate_size": 32, "attention_layers": [], "squash_lambda": 0.0},
+        ssmhub.H3ForCausalLM,
+        ssmhub.H3ForSequenceClassification,
+        ssmhub.H3ForTokenClassification,
+    ),
+    Family(  # hybrid: attention at layer 1 (its key/values in the same cache), 2 SSM heads, regularized kernels
+        "h3-hybrid",
+        ssmhub.H3Config,
+        {
+            "num_hidden_layers": 3,
+            "max_kernel_length": 16,
+            "attention_layers": [1],
+            "num_attention_heads": 2,
+            "ssm_num_heads": 4,
+            "smooth_width": 1,
+            "kernel_regularization_order": ["smooth", "squash", "dropout"],
+        },
+        ssmhub.H3ForCausalLM,
+        ssmhub.H3ForSequenceClassification,
+        ssmhub.H3ForTokenClassification,
+    ),
 ]

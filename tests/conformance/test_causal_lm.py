@@ -22,14 +22,25 @@ def test_cached_decoding_equals_full_forward(causal_lm):
     assert cache.get_seq_length() == 20
 
 
+def _layer_bytes(cache) -> list[int]:
+    return [sum(t.numel() * t.element_size() for t in state.values()) for state in cache.layers]
+
+
 def test_cache_memory_does_not_grow_with_context(causal_lm):
+    """Recurrent layers hold a fixed-size state; attention layers of a hybrid (their state has "key")
+    grow by exactly one key and value per token."""
     ids = random_ids(1, 64)
     cache = causal_lm(ids[:, :4], use_cache=True).past_key_values
-    size = cache.memory_bytes()
-    assert size > 0
+    before = _layer_bytes(cache)
+    assert all(size > 0 for size in before)
     for t in range(4, 64):
         causal_lm(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-    assert cache.memory_bytes() == size
+    for state, size_before, size_after in zip(cache.layers, before, _layer_bytes(cache)):
+        if "key" in state:
+            per_token = (state["key"][0, :, 0].numel() * 2) * state["key"].element_size() + 1
+            assert size_after - size_before == 60 * per_token
+        else:
+            assert size_after == size_before
 
 
 def test_generate_equals_manual_greedy_loop(causal_lm):

@@ -4,6 +4,10 @@
 ``step(x_t, state) -> (y_t, new_state)`` in O(1) time per token, ``init_state(batch_size, device, dtype)``.
 """
 
+from .attention import CausalSelfAttention
+from .bdlrnn import BDLRNNMixer
 from .dlr import DLRMixer
+from .h3 import H3Mixer
+from .longconv import LongConvKernel
 
-__all__ = ["DLRMixer"]
+__all__ = ["BDLRNNMixer", "CausalSelfAttention", "DLRMixer", "H3Mixer", "LongConvKernel"]

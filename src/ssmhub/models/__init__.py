@@ -17,6 +17,14 @@ from .dlr import (
     DLRModel,
     DLRPreTrainedModel,
 )
+from .h3 import (
+    H3Config,
+    H3ForCausalLM,
+    H3ForSequenceClassification,
+    H3ForTokenClassification,
+    H3Model,
+    H3PreTrainedModel,
+)
 
 register_family(
     DLRConfig,
@@ -31,6 +39,13 @@ register_family(
     AutoModelForCausalLM=BDLRNNForCausalLM,
     AutoModelForSequenceClassification=BDLRNNForSequenceClassification,
     AutoModelForTokenClassification=BDLRNNForTokenClassification,
+)
+register_family(
+    H3Config,
+    AutoModel=H3Model,
+    AutoModelForCausalLM=H3ForCausalLM,
+    AutoModelForSequenceClassification=H3ForSequenceClassification,
+    AutoModelForTokenClassification=H3ForTokenClassification,
 )
 
 __all__ = [
@@ -47,5 +62,11 @@ __all__ = [
     "DLRForTokenClassification",
     "DLRModel",
     "DLRPreTrainedModel",
+    "H3Config",
+    "H3ForCausalLM",
+    "H3ForSequenceClassification",
+    "H3ForTokenClassification",
+    "H3Model",
+    "H3PreTrainedModel",
     "register_family",
 ]

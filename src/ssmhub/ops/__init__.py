@@ -3,11 +3,36 @@
 from .block_scan import block_scan, block_scan_ref, block_step
 from .dlr import dlr_init, dlr_kernel, dlr_kernel_ref, dlr_scan, dlr_scan_ref, dlr_step, kronecker_dlr, lambda_powers
 from .fftconv import fft_conv, fft_conv_ref, fft_size
+from .longconv import (
+    causal_conv,
+    causal_conv_ref,
+    causal_conv_step,
+    geometric_decay_init,
+    random_init,
+    regularize_kernel,
+    smooth_kernel,
+    smooth_kernel_frequency,
+    squash_kernel,
+)
+from .modal import (
+    ModalKernel,
+    fit_modal_kernel,
+    max_modes,
+    modal_init_state,
+    modal_kernel,
+    modal_scan,
+    modal_scan_ref,
+    modal_step,
+)
 
 __all__ = [
+    "ModalKernel",
     "block_scan",
     "block_scan_ref",
     "block_step",
+    "causal_conv",
+    "causal_conv_ref",
+    "causal_conv_step",
     "dlr_init",
     "dlr_kernel",
     "dlr_kernel_ref",
@@ -17,6 +42,19 @@ __all__ = [
     "fft_conv",
     "fft_conv_ref",
     "fft_size",
+    "fit_modal_kernel",
+    "geometric_decay_init",
     "kronecker_dlr",
     "lambda_powers",
+    "max_modes",
+    "modal_init_state",
+    "modal_kernel",
+    "modal_scan",
+    "modal_scan_ref",
+    "modal_step",
+    "random_init",
+    "regularize_kernel",
+    "smooth_kernel",
+    "smooth_kernel_frequency",
+    "squash_kernel",
 ]

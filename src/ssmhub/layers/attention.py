@@ -1,0 +1,89 @@
+"""Causal multi-head self-attention as a token mixer, for hybrid models (H3's attention layers).
+
+It follows the ssmhub mixer protocol so a hybrid stack treats it like any recurrent mixer: its
+state is the key/value cache of the tokens seen so far, ``{"key": (B, heads, T, d_head), "value":
+(B, heads, T, d_head), "key_mask": (B, T)}``, kept in the same :class:`~ssmhub.cache.RecurrentCache`
+(unlike a recurrent state it grows with the context, one key and value per token and layer).
+
+There are no position embeddings: as in H3 (arXiv 2212.14052, §3.4; the hybrid's attention layers
+use none), order comes from the recurrent layers around it. Padded keys (``mask == 0``) are never
+attended to, so left padding changes nothing for the real tokens; a padded query attends only to
+itself (its output is unused, but stays finite). Attention runs through
+``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["CausalSelfAttention"]
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with a key/value cache (the ssmhub mixer protocol).
+
+    Args:
+        hidden_size: model width d.
+        num_heads: number of heads (must divide d).
+        dropout: attention-probability dropout in training.
+        bias: biases in the q/k/v and output projections.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if num_heads < 1 or hidden_size % num_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a positive divisor of hidden_size ({hidden_size})")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
+        self.dropout = dropout
+        self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """An empty cache: zero past tokens."""
+        shape = (batch_size, self.num_heads, 0, self.head_dim)
+        return {
+            "key": torch.zeros(shape, device=device, dtype=dtype),
+            "value": torch.zeros(shape, device=device, dtype=dtype),
+            "key_mask": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+        }
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """x (B, L, d), mask (B, L) of the new tokens; ``state`` holds the earlier tokens' keys/values."""
+        batch, length, _ = x.shape
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        # (B, L, d) -> (B, heads, L, d_head)
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for t in (q, k, v))
+        new_mask = (
+            mask.to(torch.bool) if mask is not None else torch.ones(batch, length, dtype=torch.bool, device=x.device)
+        )
+        if state is not None:
+            k = torch.cat([state["key"].to(k.dtype), k], dim=2)
+            v = torch.cat([state["value"].to(v.dtype), v], dim=2)
+            key_mask = torch.cat([state["key_mask"], new_mask], dim=1)
+        else:
+            key_mask = new_mask
+        past = k.shape[2] - length
+        query_pos = torch.arange(past, past + length, device=x.device)[:, None]  # (L, 1)
+        key_pos = torch.arange(k.shape[2], device=x.device)[None, :]  # (1, T)
+        allowed = (key_pos <= query_pos) & (key_mask[:, None, :] | (key_pos == query_pos))  # (B, L, T)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed[:, None], dropout_p=self.dropout if self.training else 0.0
+        )  # (B, heads, L, d_head)
+        y = self.out_proj(y.transpose(1, 2).flatten(2))  # (B, L, d)
+        new_state = {"key": k, "value": v, "key_mask": key_mask} if return_state else None
+        return y, new_state
+
+    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token: x_t (B, d) -> (y_t (B, d), state with its key and value appended). O(T) per token."""
+        y, new_state = self.forward(x_t.unsqueeze(1), None, state, return_state=True)
+        return y[:, 0], new_state

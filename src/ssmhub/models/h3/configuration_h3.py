@@ -1,0 +1,93 @@
+"""Configuration of H3 models with regularized long convolutions (arXiv 2302.06646; H3: arXiv 2212.14052)."""
+
+# no `from __future__ import annotations` here: @strict checks field types only on real annotations
+from dataclasses import field
+
+from huggingface_hub.dataclasses import strict
+
+from ...ops.longconv import PAPER_ORDER
+from ..configuration_recurrent import RecurrentLMConfig, check_choice, check_positive
+
+__all__ = ["H3Config"]
+
+REGULARIZERS = ("dropout", "smooth", "squash")
+
+
+@strict
+class H3Config(RecurrentLMConfig):
+    """A stack of H3 layers whose SSMs are learned long convolutions, with optional attention layers.
+
+    The defaults are the H3-125M shape of the long-conv paper's language models (d 768, 12 layers,
+    MLP 3072, attention at layers 1 and 8 with 12 heads: safari ``pile/h3-conv.yaml``).
+
+    Args (besides those of :class:`~ssmhub.models.configuration_recurrent.RecurrentLMConfig`):
+        max_kernel_length: L_max, learned taps per long convolution (longer inputs are legal: taps
+            beyond L_max are zero).
+        ssm_num_heads: heads of the H3 layer; None means head dimension 1 (every H3 config).
+        shift_kernel_size: taps of the causal shift convolution on k (H3's shift SSM: 64).
+        kernel_init: ``"geometric"`` (§3.1 geometric decay, the LM runs) or ``"random"``.
+        kernel_init_std: scale of the kernel init (None: 0.02 geometric, 0.002 random, as safari).
+        geometric_convention: ``"paper"`` (§3.1 formula) or ``"code"`` (safari's ``double_exp``).
+        kernel_dropout: dropout on the kernel taps in training.
+        smooth_width: p of the Smooth regularizer (average pooling of width 2p+1; 0: off).
+        smooth_domain: ``"time"`` or ``"frequency"`` (the paper's App. B.1 variant).
+        squash_lambda: λ of Squash, ``sign(K)·max(|K|−λ, 0)`` (Table 17, OpenWebText: 0.001).
+        kernel_regularization_order: order of ``"dropout"``, ``"smooth"``, ``"squash"`` (default:
+            Algorithm 1).
+        regularize_shift_kernel: apply the regularizers to the shift kernel too (safari's H3Conv).
+        attention_layers: 0-based indices of the layers that are causal self-attention instead of H3.
+        num_attention_heads: heads of those attention layers.
+        attention_dropout: attention-probability dropout in training.
+        kernel_learning_rate: learning rate of the long-conv kernels (their own group in
+            ``optimizer_param_groups``, no weight decay); alias of ``recurrence_learning_rate``.
+    """
+
+    model_type = "h3"
+
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    intermediate_size: int = 3072
+    max_kernel_length: int = 2048
+    ssm_num_heads: int | None = None
+    shift_kernel_size: int = 4
+    kernel_init: str = "geometric"
+    kernel_init_std: float | None = None
+    geometric_convention: str = "paper"
+    kernel_dropout: float = 0.0
+    smooth_width: int = 0
+    smooth_domain: str = "time"
+    squash_lambda: float = 0.001
+    kernel_regularization_order: list[str] = field(default_factory=lambda: list(PAPER_ORDER))
+    regularize_shift_kernel: bool = False
+    attention_layers: list[int] = field(default_factory=lambda: [1, 8])
+    num_attention_heads: int = 12
+    attention_dropout: float = 0.0
+
+    def check_fields(self) -> None:
+        super().check_fields()
+        check_positive(self, "max_kernel_length", "shift_kernel_size", "num_attention_heads", "ssm_num_heads")
+        check_positive(self, "kernel_init_std")
+        check_positive(self, "kernel_dropout", "smooth_width", "squash_lambda", "attention_dropout", allow_zero=True)
+        check_choice(self, "kernel_init", ("geometric", "random"))
+        check_choice(self, "geometric_convention", ("paper", "code"))
+        check_choice(self, "smooth_domain", ("time", "frequency"))
+        for name in self.kernel_regularization_order:
+            if name not in REGULARIZERS:
+                raise ValueError(
+                    f"H3Config.kernel_regularization_order holds {name!r}; expected names of {REGULARIZERS}"
+                )
+        for index in self.attention_layers:
+            if not 0 <= index < self.num_hidden_layers:
+                raise ValueError(
+                    f"H3Config.attention_layers holds {index}, outside the layers 0..{self.num_hidden_layers - 1}"
+                )
+        if self.attention_layers and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"H3Config.num_attention_heads ({self.num_attention_heads}) must divide hidden_size {self.hidden_size}"
+            )
+        if self.ssm_num_heads is not None and self.hidden_size % self.ssm_num_heads:
+            raise ValueError(
+                f"H3Config.ssm_num_heads ({self.ssm_num_heads}) must divide hidden_size ({self.hidden_size})"
+            )
+        if not self.kernel_dropout < 1:
+            raise ValueError(f"H3Config.kernel_dropout must be in [0, 1); got {self.kernel_dropout}")

@@ -1,0 +1,76 @@
+"""H3 models for transformers with regularized long convolutions (arXiv 2302.06646 §4; H3: arXiv 2212.14052).
+
+All shared machinery (block stack, cache, heads, init, remote code) lives in
+:mod:`ssmhub.models.modeling_recurrent`; this file says only what is H3's own: which mixer each layer
+gets (:class:`~ssmhub.layers.h3.H3Mixer`, or :class:`~ssmhub.layers.attention.CausalSelfAttention` at
+``config.attention_layers``; the attention key/values live in the same recurrent cache).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ...layers.attention import CausalSelfAttention
+from ...layers.h3 import H3Mixer
+from ..modeling_recurrent import (
+    RecurrentForCausalLM,
+    RecurrentForSequenceClassification,
+    RecurrentForTokenClassification,
+    RecurrentModel,
+    RecurrentPreTrainedModel,
+)
+from .configuration_h3 import H3Config
+
+__all__ = [
+    "H3ForCausalLM",
+    "H3ForSequenceClassification",
+    "H3ForTokenClassification",
+    "H3Model",
+    "H3PreTrainedModel",
+]
+
+
+class H3PreTrainedModel(RecurrentPreTrainedModel):
+    config_class = H3Config
+
+    def build_mixer(self, config: H3Config, layer_idx: int) -> nn.Module:
+        if layer_idx in config.attention_layers:
+            return CausalSelfAttention(config.hidden_size, config.num_attention_heads, config.attention_dropout)
+        return H3Mixer(
+            hidden_size=config.hidden_size,
+            max_kernel_length=config.max_kernel_length,
+            num_heads=config.ssm_num_heads,
+            shift_kernel_size=config.shift_kernel_size,
+            kernel_init=config.kernel_init,
+            kernel_init_std=config.kernel_init_std,
+            geometric_convention=config.geometric_convention,
+            kernel_dropout=config.kernel_dropout,
+            smooth_width=config.smooth_width,
+            smooth_domain=config.smooth_domain,
+            squash_lambda=config.squash_lambda,
+            kernel_regularization_order=tuple(config.kernel_regularization_order),
+            regularize_shift_kernel=config.regularize_shift_kernel,
+        )
+
+
+class H3Model(RecurrentModel, H3PreTrainedModel):
+    """Token embeddings and a stack of H3 (and attention) layers; returns the last hidden states."""
+
+
+class H3ForCausalLM(RecurrentForCausalLM, H3PreTrainedModel):
+    """H3 language model. ``generate`` decodes exactly: each long convolution keeps its last L_max inputs
+    (O(L_max) per token), each attention layer its keys and values."""
+
+    backbone_class = H3Model
+
+
+class H3ForSequenceClassification(RecurrentForSequenceClassification, H3PreTrainedModel):
+    """H3 sequence classifier over pooled hidden states."""
+
+    backbone_class = H3Model
+
+
+class H3ForTokenClassification(RecurrentForTokenClassification, H3PreTrainedModel):
+    """H3 with a label per position."""
+
+    backbone_class = H3Model

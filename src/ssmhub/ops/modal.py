@@ -1,0 +1,518 @@
+"""Distil a learned long-convolution kernel into a diagonal SSM in modal form, for O(N) decoding.
+
+Long-conv spec §6 (../shared/specs/longconv.md): a length-L explicit kernel has no finite state, so exact
+decoding costs O(L) per token. Prop. 2 of the long-conv paper (Fu et al. 2023, App. D.2) shows any
+kernel *is* a sum of L exponentials, but through an ill-conditioned Vandermonde inverse and with state L.
+Here each channel's kernel ``K ∈ R^L`` is instead *approximated* with ``N ≪ L`` modes, the post-hoc
+distillation of "Laughing Hyena" (Massaroli et al. 2023, modal/Prony fitting):
+
+    ``K̂[0] = d + Re(Σ_n c_n)``,    ``K̂[t] = Re(Σ_n c_n λ_n^t)``  for ``t ≥ 1``,
+
+which is the kernel of the diagonal recurrence (DLR seed paper Eq. 1, with per-channel poles)
+``x_t = λ ⊙ x_{t-1} + u_t``, ``y_t = Re(<c, x_t>) + d·u_t``. ``d`` is a direct (skip) term that lets the
+fit match ``K[0]`` exactly and spend all N modes on ``t ≥ 1``, as in the eigensystem realization
+algorithm (ERA), where ``K[0]`` is the feed-through ``D`` and the Hankel matrix starts at ``K[1]``.
+
+Method ``"hankel"`` (Kung's / ERA / ESPRIT state-space identification, then a least-squares refit):
+
+1. Hankel matrix ``𝓗[i, j] = K[1 + i + j]`` of the tail ``K[1:]`` (length ``T = L - 1``), with ``P``
+   columns (``hankel_cols``, default ``min(max(4N, 128), 256)``, capped by T) and ``M = T - P + 1``
+   consecutive rows, so every tap enters. Its column space is spanned by the Vandermonde vectors
+   ``(λ^i)_i`` of the poles; the leading ``r = 2N`` left singular vectors ``U`` (a real kernel needs
+   a conjugate pair, two real poles, per complex mode) estimate it. For small Hankel matrices
+   (``M·P ≤ 2^17``) ``U`` is an SVD; for larger ones it comes from the eigenvectors of the small P×P Gram
+   matrix ``𝓗ᵀ𝓗`` (``U = 𝓗 V Σ⁻¹``), itself built in ``O(P² + M·P)`` from its Toeplitz-like structure;
+   this squares the conditioning (singular values below ~1e-8·σ_max are lost), harmless for fits with
+   N ≪ L but it limits exact recovery of clustered poles to ~1e-5.
+2. Shift invariance (ESPRIT): ``U[1:] ≈ U[:-1] Φ``; the eigenvalues of the r×r matrix ``Φ`` are the
+   poles. They come in conjugate pairs or are real; one of each pair (``Im λ ≥ 0``) and every real
+   pole is a candidate mode (between N and 2N of them).
+3. Residues by linear least squares over all T taps (the L2 error is linear in ``c`` given the poles),
+   from normal equations whose Gram matrix has a closed form (geometric sums), with a tiny ridge
+   (``1e-12`` of the mean diagonal) so near-duplicate poles cannot blow the residues up. If there are
+   more than N candidates, the N with the most energy ``‖Re(c_n λ_n^t)‖²`` are kept.
+4. ``|λ| ≤ 1 - 1e-4`` is enforced by clamping the modulus (an ESPRIT pole can land on or outside the
+   unit circle for kernels that do not decay); poles are rounded to the float32 storage, and the
+   residues refitted in float64 for those rounded poles, so the stored fit is the one reported.
+
+Everything is float64/complex128 and batched over channels (in blocks, to bound memory).
+Cost per channel: ``O(M·P² + P³ + T·N + N³)`` (Gram, eigh, right-hand side ``Σ_t K[t] λ^t``, solves);
+for H = 768, L = 2048, N = 64 a few seconds on two CPU cores.
+
+Known failure modes and limits:
+
+- The fit only matches on ``[0, L)``. A kernel that does not decay within L (e.g. a slowly decaying
+  geometric-init channel) is fitted with poles near the unit circle; beyond L the modal kernel keeps
+  going while the true, length-L kernel is zero. Decoding past L therefore differs from the exact
+  long conv (which truncates at L); with ``|λ| ≤ 1 - 1e-4`` the modal tail still decays, slowly.
+- Kernels with much energy spread over many frequencies (white noise, a freshly ``randn``-initialised
+  kernel) are not low-rank: N modes capture roughly the energy in N "directions", so the relative
+  error stays large whatever the method. Trained, Squash/Smooth-regularised kernels decay and are smooth.
+- Hankel/ESPRIT is near-optimal in Hankel norm, not in L2; the least-squares refit makes the residues
+  L2-optimal for the chosen poles, but the poles are not refined (no nonlinear optimisation).
+- Nearly coincident poles make the Vandermonde system ill-conditioned; the ridge keeps residues bounded,
+  at a small cost in accuracy. Very large residues that cancel would lose accuracy in float32 storage:
+  ``relative_error`` is always recomputed from the stored float32 parameters, so it is honest.
+- ``|λ| ≤ 1 - 1e-4`` caps the slowest representable decay at a time constant of ~10⁴ steps.
+
+Every fast function has a complex128 step-by-step reference (:func:`modal_scan_ref`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .fftconv import fft_conv
+from .precision import float32_math
+
+__all__ = [
+    "FIT_METHODS",
+    "MAX_MODULUS",
+    "ModalKernel",
+    "fit_modal_kernel",
+    "max_modes",
+    "modal_init_state",
+    "modal_kernel",
+    "modal_scan",
+    "modal_scan_ref",
+    "modal_step",
+]
+
+FIT_METHODS = ("hankel",)
+MAX_MODULUS = 1.0 - 1e-4  # |λ| is clamped to at most this: a stable, slowly decaying mode
+_TWO_PI = 2.0 * math.pi
+_CHUNK_ELEMENTS = 1 << 21  # complex entries of one block of powers λ^t (32 MB in complex128)
+_SVD_ELEMENTS = 1 << 17  # Hankel matrices up to this size (per channel) get an exact SVD, larger ones the Gram route
+_RIDGE = 1e-12  # relative Tikhonov term of the residue normal equations
+
+
+@dataclass(frozen=True)
+class ModalKernel:
+    """A bank of H kernels in modal form, ``λ = exp(log_modulus + i·phase)`` with ``|λ| < 1``.
+
+    ``K̂[0] = d + Re(Σ_n c_n)`` and ``K̂[t] = Re(Σ_n c_n λ_n^t)`` for ``t ≥ 1``.
+
+    Attributes:
+        log_modulus: (H, N) float32, ``log|λ| ≤ log(MAX_MODULUS) < 0``.
+        phase: (H, N) float32 in ``[0, π]``.
+        residues: (H, N, 2) float32, real and imaginary parts of ``c``.
+        d: (H,) float32 direct term (zeros when fitted with ``direct_term=False``).
+        relative_error: (H,) float32, ``‖K - K̂‖₂ / ‖K‖₂`` over the fitted length (0 for a zero kernel).
+    """
+
+    log_modulus: torch.Tensor
+    phase: torch.Tensor
+    residues: torch.Tensor
+    d: torch.Tensor
+    relative_error: torch.Tensor
+
+    @property
+    def num_channels(self) -> int:
+        return self.log_modulus.shape[0]
+
+    @property
+    def num_modes(self) -> int:
+        return self.log_modulus.shape[1]
+
+    def poles(self) -> torch.Tensor:
+        """``λ`` as a (H, N) complex128 tensor."""
+        return torch.polar(torch.exp(self.log_modulus.double()), self.phase.double())
+
+    def complex_residues(self) -> torch.Tensor:
+        """``c`` as a (H, N) complex128 tensor."""
+        return torch.complex(self.residues[..., 0].double(), self.residues[..., 1].double())
+
+    def to(self, *args, **kwargs) -> ModalKernel:
+        """Move every tensor (e.g. ``.to(device)``); dtypes stay float32."""
+        return ModalKernel(*(getattr(self, f).to(*args, **kwargs) for f in self.__dataclass_fields__))
+
+
+def max_modes(length: int, direct_term: bool = True) -> int:
+    """Largest ``num_modes`` that :func:`fit_modal_kernel` accepts for kernels of ``length`` taps.
+
+    ESPRIT with ``r = 2N`` needs a Hankel matrix with at least ``2N + 1`` rows and ``2N`` columns plus one
+    spare tap for its shifted copy, i.e. ``T ≥ 4N + 1`` taps (``T = L - 1`` with a direct term, else L).
+    """
+    return max(0, (length - 1 if direct_term else length) - 1) // 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# float64 helpers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _powers64(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, length: int, stride: int = 1) -> torch.Tensor:
+    """``λ^t``, ``t = start + stride·k`` for ``k < length``, complex128 (..., N, length); phase mod 2π in fp64."""
+    t = start + stride * torch.arange(length, device=log_modulus.device, dtype=torch.float64)
+    magnitude = torch.exp(log_modulus.double().unsqueeze(-1) * t)  # (..., N, C)
+    angle = torch.remainder(phase.double().unsqueeze(-1) * t, _TWO_PI)  # (..., N, C)
+    return torch.polar(magnitude, angle)
+
+
+def _length_chunks(length: int, per_step: int) -> list[tuple[int, int]]:
+    step = max(1, _CHUNK_ELEMENTS // max(1, per_step))
+    return [(s, min(step, length - s)) for s in range(0, length, step)]
+
+
+def _geometric_sum(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """``Σ_{t=start}^{start+count-1} a^t``, ``a = exp(log_modulus + i·phase)``, ``|a| < 1``: closed form, complex128.
+
+    Powers are formed from the float64 exponent (phase mod 2π), not by complex ``pow``.
+    """
+
+    def power(n: int) -> torch.Tensor:
+        return torch.polar(torch.exp(n * log_modulus), torch.remainder(n * phase, _TWO_PI))
+
+    return power(start) * (1 - power(count)) / (1 - power(1))
+
+
+def _spd_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Solve symmetric positive (semi)definite ``a x = b`` by Cholesky; a failed factor gets a larger ridge.
+
+    (Cholesky rather than LU: cheaper, and batched LU in some MKL builds fails on multi-threaded runs.)
+    """
+    a = 0.5 * (a + a.mT)
+    scale = torch.diagonal(a, dim1=-2, dim2=-1).abs().mean(-1).clamp(min=1e-300)[..., None, None]
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    factor, info = torch.linalg.cholesky_ex(a)
+    bump = 1e-12
+    while bool((info > 0).any()):
+        retry, retry_info = torch.linalg.cholesky_ex(a + bump * scale * eye)
+        factor = torch.where((info > 0)[..., None, None], retry, factor)
+        info = torch.where(info > 0, retry_info, info)
+        bump *= 1e3
+    return torch.cholesky_solve(b, factor)
+
+
+def _fit_residues(
+    kernel: torch.Tensor, log_modulus: torch.Tensor, phase: torch.Tensor, valid: torch.Tensor, start: int
+) -> torch.Tensor:
+    """Least-squares ``c`` minimising ``Σ_{t≥start} (K[t] - Re Σ_n c_n λ_n^t)²`` (complex128 (H, N)).
+
+    Real unknowns ``z = (Re c, Im c)``; ``Re(c λ^t) = Re c·Re λ^t - Im c·Im λ^t``. The Gram matrix of the
+    columns ``(Re λ_m^t, -Im λ_m^t)`` has a closed form from ``Re z Re w = ½ Re(zw + z w̄)`` and geometric
+    sums; the right-hand side ``Σ_t K[t] λ_m^t`` is computed in blocks of t. Invalid modes (``valid`` False)
+    get zero columns and, through the ridge, zero residues.
+    """
+    length = kernel.shape[-1]
+    count = length - start
+    lm = torch.where(valid, log_modulus.double(), math.log(0.5))  # (H, N); invalid columns are masked below
+    ph = phase.double()
+    lm_sum = lm.unsqueeze(-1) + lm.unsqueeze(-2)  # (H, N, N): log|λ_m λ_n|
+    s_prod = _geometric_sum(lm_sum, ph.unsqueeze(-1) + ph.unsqueeze(-2), start, count)  # Σ (λ_m λ_n)^t
+    s_cross = _geometric_sum(lm_sum, ph.unsqueeze(-1) - ph.unsqueeze(-2), start, count)  # Σ (λ_m λ̄_n)^t
+    # Σ Re a_m Re a_n = ½ Re(S(λmλn) + S(λmλ̄n));  Σ Im a_m Im a_n = ½ Re(S(λmλ̄n) - S(λmλn))
+    # Σ Re a_m Im a_n = ½ Im(S(λmλn) - S(λmλ̄n))
+    g_rr = 0.5 * (s_prod + s_cross).real
+    g_ii = 0.5 * (s_cross - s_prod).real
+    g_ri = 0.5 * (s_prod - s_cross).imag  # (H, N, N): Σ Re a_m Im a_n
+    gram = torch.cat(
+        [torch.cat([g_rr, -g_ri], dim=-1), torch.cat([-g_ri.mT, g_ii], dim=-1)], dim=-2
+    )  # (H, 2N, 2N) for columns (Re a, -Im a)
+    is_complex = phase.double().sin().abs() > 1e-6  # a real pole (phase 0 or π) has no Im column
+    mask = torch.cat([valid, valid & is_complex], dim=-1).double()  # (H, 2N)
+    gram = gram * mask.unsqueeze(-1) * mask.unsqueeze(-2)
+    rhs = _z_transform(kernel[:, start:], log_modulus, phase, start)  # (H, N): Σ_t K[t] λ^t
+    b = torch.cat([rhs.real, -rhs.imag], dim=-1) * mask  # (H, 2N)
+    scale = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    ridge = (_RIDGE * scale).clamp(min=1e-300).unsqueeze(-1) * torch.eye(gram.shape[-1], dtype=gram.dtype)
+    z = _spd_solve(gram + ridge, b.unsqueeze(-1)).squeeze(-1) * mask  # (H, 2N)
+    n = log_modulus.shape[-1]
+    return torch.complex(z[..., :n], z[..., n:])
+
+
+def _z_transform(taps: torch.Tensor, log_modulus: torch.Tensor, phase: torch.Tensor, start: int) -> torch.Tensor:
+    """``Σ_t taps[t] λ^(start+t)`` (H, N) complex128, in blocks: ``Σ_b λ^(start+bS) Σ_s taps[bS+s] λ^s``.
+
+    Only ``O(N·√T)`` complex exponentials (all from float64 phases mod 2π) and one batched matmul.
+    """
+    channels, length = taps.shape
+    size = max(1, math.isqrt(length))
+    blocks = -(-length // size)
+    padded = torch.nn.functional.pad(taps.double(), (0, blocks * size - length)).view(channels, blocks, size)
+    inner = _powers64(log_modulus, phase, 0, size)  # (H, N, S): λ^s
+    outer = _powers64(log_modulus, phase, start, blocks, stride=size)  # (H, N, nb): λ^(start+bS)
+    partial = padded.to(torch.complex128) @ inner.mT  # (H, nb, N)
+    return (partial * outer.mT).sum(-2)  # (H, N)
+
+
+def _hankel_gram(tail: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """``𝓗ᵀ𝓗`` (H, Q, Q) for ``𝓗[i, j] = tail[i + j]``, ``i < rows``, ``j < cols``, in O(Q² + rows·Q) per channel.
+
+    First row by a direct product; then down the diagonals, ``G[j, k] = G[j-1, k-1] + a_j a_k - b_j b_k`` with
+    ``a_j = tail[rows-1+j]`` (the row that enters) and ``b_j = tail[j-1]`` (the row that leaves).
+    """
+    channels = tail.shape[0]
+    first = torch.einsum("hm,hmq->hq", tail[:, :rows], tail.unfold(-1, cols, 1)[:, :rows])  # (H, Q): G[0, δ]
+    zeros = torch.zeros(channels, 1, dtype=tail.dtype, device=tail.device)
+    a = torch.cat([zeros, tail[:, rows : rows + cols - 1]], dim=-1)  # (H, Q): a_0 = 0
+    b = torch.cat([zeros, tail[:, : cols - 1]], dim=-1)  # (H, Q): b_0 = 0
+    pad = torch.zeros(channels, cols, dtype=tail.dtype, device=tail.device)
+    a_shift = torch.cat([a, pad], dim=-1).unfold(-1, cols, 1)[:, :cols]  # (H, Q, Q): [s, δ] = a_{s+δ}
+    b_shift = torch.cat([b, pad], dim=-1).unfold(-1, cols, 1)[:, :cols]
+    steps = (a.unsqueeze(-1) * a_shift - b.unsqueeze(-1) * b_shift).cumsum(dim=-2)  # (H, Q, Q): [j, δ]
+    j = torch.arange(cols, device=tail.device)
+    delta = j[None, :] - j[:, None]  # (Q, Q): k - j
+    upper = delta >= 0
+    idx = delta.clamp(min=0)
+    gram = first[:, idx] + torch.gather(steps, -1, idx.expand(channels, cols, cols))  # (H, Q, Q), valid k ≥ j
+    gram = torch.where(upper, gram, 0.0)
+    return gram + gram.mT - torch.diag_embed(torch.diagonal(gram, dim1=-2, dim2=-1))
+
+
+def _esprit_poles(tail: torch.Tensor, order: int, cols: int) -> torch.Tensor:
+    """ESPRIT poles (H, order) complex128 from the Hankel matrix of ``tail`` (H, T) with ``cols`` columns.
+
+    With ``U = 𝓗 W`` (``W = V Σ⁻¹``, the leading eigenpairs of ``𝓗ᵀ𝓗``), the shift-invariance normal equations
+    need only ``U[:-1]ᵀU[:-1] = Wᵀ 𝓗[:-1]ᵀ𝓗[:-1] W`` and ``U[:-1]ᵀU[1:] = Wᵀ 𝓗[:-1]ᵀ𝓗[1:] W``: both are blocks of
+    the Gram matrix of the (rows-1)×(cols+1) Hankel matrix, so ``U`` (rows × r) is never formed.
+    """
+    rows = tail.shape[-1] - cols  # 𝓗 is rows × cols; one spare tap for the shifted copy
+    eye = 1e-14 * torch.eye(order, dtype=tail.dtype, device=tail.device)
+    if rows * cols <= _SVD_ELEMENTS:
+        # small: the SVD of 𝓗 itself, which keeps singular values the Gram matrix would square away
+        left = torch.linalg.svd(tail.unfold(-1, cols, 1)[:, :rows], full_matrices=False)[0][..., :order]  # (H, M, r)
+        up, down = left[:, :-1], left[:, 1:]
+        return torch.linalg.eigvals(_spd_solve(up.mT @ up + eye, up.mT @ down))  # (H, r)
+    ext = _hankel_gram(tail, rows - 1, cols + 1)  # (H, P+1, P+1) over rows 0 .. M-2
+    last = tail[:, rows - 1 : rows + cols]  # (H, P+1): row M-1 of the extended Hankel matrix
+    top = ext[:, :cols, :cols]  # 𝓗[:-1]ᵀ𝓗[:-1]
+    gram = top + last[:, :cols].unsqueeze(-1) * last[:, :cols].unsqueeze(-2)  # 𝓗ᵀ𝓗
+    shifted = ext[:, :cols, 1:]  # 𝓗[:-1]ᵀ𝓗[1:]
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    evals, evecs = evals.flip(-1)[..., :order], evecs.flip(-1)[..., :order]  # (H, r), (H, P, r)
+    sigma = evals.clamp(min=0).sqrt()
+    floor = (sigma[..., :1] * 1e-12).clamp(min=1e-300)
+    w = evecs / torch.maximum(sigma, floor).unsqueeze(-2)  # (H, P, r)
+    phi = _spd_solve(w.mT @ top @ w + eye, w.mT @ shifted @ w)  # (H, r, r): U[1:] ≈ U[:-1] Φ
+    return torch.linalg.eigvals(phi)  # (H, r) conjugate pairs or real
+
+
+def _select_modes(poles: torch.Tensor, tail_kernel: torch.Tensor, num_modes: int, start: int):
+    """From ESPRIT poles (H, r), keep one of each conjugate pair and the real ones, then the N strongest."""
+    modulus = poles.abs().clamp(min=1e-30, max=MAX_MODULUS)
+    log_modulus = modulus.log()
+    phase = poles.angle()
+    valid = phase >= 0  # upper half plane (real poles have phase 0 or π)
+    phase = phase.clamp(min=0)
+    num_valid = valid.sum(-1)
+    if bool((num_valid <= num_modes).all()):
+        order_idx = torch.argsort((~valid).to(torch.int8), dim=-1, stable=True)[..., :num_modes]  # valid first
+    else:
+        residues = _fit_residues(tail_kernel, log_modulus, phase, valid, start)  # (H, r)
+        span = tail_kernel.shape[-1] - start
+        energy = residues.abs() ** 2 * _geometric_sum(2 * log_modulus, torch.zeros_like(phase), start, span).real
+        energy = torch.where(valid, energy, -1.0)
+        order_idx = torch.argsort(energy, dim=-1, descending=True)[..., :num_modes]
+    return tuple(torch.gather(x, -1, order_idx) for x in (log_modulus, phase, valid))
+
+
+@float32_math
+def fit_modal_kernel(
+    kernel: torch.Tensor,
+    num_modes: int,
+    method: str = "hankel",
+    direct_term: bool = True,
+    hankel_cols: int | None = None,
+    channel_block: int = 64,
+) -> ModalKernel:
+    """Fit each row of ``kernel`` (H, L) with ``num_modes`` complex exponentials (see the module docstring).
+
+    Args:
+        kernel: (H, L) real kernel, one row per channel (e.g. a long-conv ``K`` after Squash/Smooth).
+        num_modes: N, the number of complex modes (state size per channel), ``1 ≤ N ≤ max_modes(L)``.
+        method: ``"hankel"`` (Hankel/ESPRIT poles, least-squares residues); the only one so far.
+        direct_term: fit ``K[0]`` with a separate skip ``d`` (default) instead of with the modes.
+        hankel_cols: columns P of the Hankel matrix (``2N ≤ P ≤ T - 2N - 1``); default ``min(max(4N, 128), 256)``
+            capped to the length. More columns: more averaging and a fit closer to balanced truncation,
+            at ``O(M·P²)`` cost per channel.
+        channel_block: channels fitted together (bounds memory to ~``channel_block · M · P`` doubles).
+
+    Returns:
+        :class:`ModalKernel` on ``kernel.device``, every tensor float32.
+    """
+    if not isinstance(kernel, torch.Tensor) or kernel.dim() != 2:
+        raise ValueError(f"kernel must be a 2-D (H, L) tensor; got {getattr(kernel, 'shape', type(kernel))}")
+    if kernel.is_complex() or not kernel.is_floating_point():
+        raise ValueError(f"kernel must be a real floating-point tensor; got {kernel.dtype}")
+    if method not in FIT_METHODS:
+        raise ValueError(f"method must be one of {FIT_METHODS}; got {method!r}")
+    if isinstance(num_modes, bool) or not isinstance(num_modes, int) or num_modes < 1:
+        raise ValueError(f"num_modes must be a positive int; got {num_modes!r}")
+    channels, length = kernel.shape
+    limit = max_modes(length, direct_term)
+    if num_modes > limit:
+        raise ValueError(
+            f"num_modes={num_modes} is too large for kernels of length {length}: at most {limit} "
+            f"(the Hankel fit needs {4 * num_modes + 1 + int(direct_term)} taps)"
+        )
+    if not bool(torch.isfinite(kernel).all()):
+        raise ValueError("kernel has non-finite entries")
+    start = 1 if direct_term else 0
+    taps = length - start
+    order = 2 * num_modes
+    if hankel_cols is None:
+        hankel_cols = min(max(2 * order, 128), 256)
+    hankel_cols = max(order, min(hankel_cols, taps - order - 1))
+    if isinstance(channel_block, bool) or not isinstance(channel_block, int) or channel_block < 1:
+        raise ValueError(f"channel_block must be a positive int; got {channel_block!r}")
+
+    k64 = kernel.detach().double()
+    log_modulus = torch.empty(channels, num_modes, dtype=torch.float64, device=kernel.device)
+    phase = torch.empty_like(log_modulus)
+    valid = torch.empty(channels, num_modes, dtype=torch.bool, device=kernel.device)
+    for h0 in range(0, channels, channel_block):
+        block = k64[h0 : h0 + channel_block]
+        poles = _esprit_poles(block[:, start:], order, hankel_cols)  # (h, 2N)
+        sl = slice(h0, h0 + channel_block)
+        log_modulus[sl], phase[sl], valid[sl] = _select_modes(poles, block, num_modes, start)
+    # unused (padding) modes: a harmless pole with zero residue
+    log_modulus = torch.where(valid, log_modulus, math.log(0.5))
+    phase = torch.where(valid, phase, 0.0)
+    # round the poles to their float32 storage, then refit the residues for exactly those poles
+    log_modulus = log_modulus.clamp(max=math.log(MAX_MODULUS)).float()
+    log_modulus = torch.minimum(log_modulus, torch.tensor(math.log(MAX_MODULUS), dtype=torch.float32))
+    phase = phase.float()
+    residues = torch.empty(channels, num_modes, dtype=torch.complex128, device=kernel.device)
+    for h0 in range(0, channels, channel_block):
+        sl = slice(h0, h0 + channel_block)
+        residues[sl] = _fit_residues(k64[sl], log_modulus[sl], phase[sl], valid[sl], start)
+    residues = residues * valid
+    d = (k64[:, 0] - residues.real.sum(-1)) if direct_term else torch.zeros(channels, dtype=torch.float64)
+    partial = ModalKernel(
+        log_modulus=log_modulus,
+        phase=phase,
+        residues=torch.stack([residues.real, residues.imag], dim=-1).float(),
+        d=d.float().to(kernel.device),
+        relative_error=torch.zeros(channels, dtype=torch.float32, device=kernel.device),
+    )
+    fitted = modal_kernel(partial, length).double()
+    norm = k64.norm(dim=-1)
+    error = (k64 - fitted).norm(dim=-1)
+    relative = torch.where(norm > 0, error / norm.clamp(min=1e-300), error)
+    return ModalKernel(partial.log_modulus, partial.phase, partial.residues, partial.d, relative.float())
+
+
+@float32_math
+def modal_kernel(modal: ModalKernel, length: int) -> torch.Tensor:
+    """The (H, length) float32 kernel ``K̂`` that ``modal`` stands for; phases formed in float64 (mod 2π)."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive int; got {length!r}")
+    c = modal.complex_residues()  # (H, N)
+    # K̂[bS + s] = Re Σ_n (c_n λ_n^{bS}) λ_n^s: O(N·√L) exponentials and one batched matmul
+    size = max(1, math.isqrt(length))
+    blocks = -(-length // size)
+    inner = _powers64(modal.log_modulus, modal.phase, 0, size)  # (H, N, S): λ^s
+    outer = _powers64(modal.log_modulus, modal.phase, 0, blocks, stride=size) * c.unsqueeze(-1)  # (H, N, nb)
+    kernel = (outer.mT @ inner).real.reshape(modal.num_channels, blocks * size)[:, :length]  # (H, L)
+    kernel[:, 0] += modal.d.double()
+    return kernel.float()
+
+
+def modal_init_state(modal: ModalKernel, batch_size: int, device=None) -> torch.Tensor:
+    """A zero (B, H, N) complex64 state."""
+    return torch.zeros(
+        batch_size, modal.num_channels, modal.num_modes, dtype=torch.complex64, device=device or modal.phase.device
+    )
+
+
+def _check_state(state: torch.Tensor, batch: int, modal: ModalKernel, name: str) -> None:
+    expected = (batch, modal.num_channels, modal.num_modes)
+    if tuple(state.shape) != expected:
+        raise ValueError(f"{name} must have shape (B, H, N) = {expected}; got {tuple(state.shape)}")
+
+
+@float32_math
+def modal_step(u_t: torch.Tensor, state: torch.Tensor, modal: ModalKernel) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step, O(H·N): ``x_t = λ ⊙ x_{t-1} + u_t``, ``y_t = Re(Σ_n c_n x_t[n]) + d·u_t``.
+
+    Args: u_t (B, H) real; state (B, H, N) complex64 (``x_{t-1}``; zeros before the first token).
+    Returns: y_t (B, H) float32 and the new state (B, H, N) complex64.
+    """
+    if u_t.dim() != 2 or u_t.shape[-1] != modal.num_channels:
+        raise ValueError(f"u_t must have shape (B, H={modal.num_channels}); got {tuple(u_t.shape)}")
+    _check_state(state, u_t.shape[0], modal, "state")
+    lam = modal.poles().to(torch.complex64)  # (H, N), computed in fp64
+    c = modal.complex_residues().to(torch.complex64)  # (H, N)
+    u_t = u_t.float()
+    new_state = lam * state.to(torch.complex64) + u_t.unsqueeze(-1)  # (B, H, N)
+    y_t = (new_state * c).sum(-1).real + modal.d.float() * u_t  # (B, H)
+    return y_t, new_state
+
+
+@float32_math
+def modal_scan(
+    u: torch.Tensor,
+    modal: ModalKernel,
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The recurrence of :func:`modal_step` over a whole sequence in parallel (FFT conv + Vandermonde blocks).
+
+    Args:
+        u: (B, H, T) real input.
+        modal: the fitted :class:`ModalKernel`.
+        initial_state: optional (B, H, N) complex state ``x_{-1}`` carried over from earlier tokens.
+        return_final_state: also return ``x_{T-1}`` (to hand a prefill over to :func:`modal_step`).
+
+    Returns:
+        ``y`` (B, H, T) float32 and the final state (B, H, N) complex64, or ``None``.
+    """
+    if u.dim() != 3 or u.shape[1] != modal.num_channels or u.shape[-1] == 0:
+        raise ValueError(f"u must have shape (B, H={modal.num_channels}, T ≥ 1); got {tuple(u.shape)}")
+    if initial_state is not None:
+        _check_state(initial_state, u.shape[0], modal, "initial_state")
+    seq_len = u.shape[-1]
+    u = u.float()
+    y = fft_conv(u, modal_kernel(modal, seq_len))  # (B, H, T)
+    c = modal.complex_residues().to(torch.complex64)  # (H, N)
+    chunks = _length_chunks(seq_len, u.shape[0] * modal.num_channels * modal.num_modes)
+    if initial_state is not None:
+        # y_t += Re(Σ_n c_n λ_n^{t+1} x_{-1,n}): unrolling the recurrence back to x_{-1}
+        weighted = c * initial_state.to(torch.complex64)  # (B, H, N)
+        carried = [
+            torch.einsum("bhn,hnc->bhc", weighted, _powers64(modal.log_modulus, modal.phase, s + 1, size).to(c.dtype))
+            for s, size in chunks
+        ]
+        y = y + torch.cat(carried, dim=-1).real  # (B, H, T)
+    final_state = None
+    if return_final_state:
+        # x_{T-1} = λ^T x_{-1} + Σ_j λ^{T-1-j} u_j, summed over blocks of j
+        final_state = torch.zeros(
+            u.shape[0], modal.num_channels, modal.num_modes, dtype=torch.complex64, device=u.device
+        )
+        for s, size in chunks:
+            powers = _powers64(modal.log_modulus, modal.phase, seq_len - s - size, size).flip(-1)  # (H, N, C)
+            final_state = final_state + torch.einsum(
+                "bhc,hnc->bhn", u[..., s : s + size].to(torch.complex64), powers.to(torch.complex64)
+            )
+        if initial_state is not None:
+            lam_t = _powers64(modal.log_modulus, modal.phase, seq_len, 1)[..., 0].to(torch.complex64)  # (H, N)
+            final_state = final_state + lam_t * initial_state.to(torch.complex64)
+    return y, final_state
+
+
+def modal_scan_ref(
+    u: torch.Tensor,
+    modal: ModalKernel,
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference for :func:`modal_scan` / :func:`modal_step`: the recurrence one token at a time, complex128."""
+    lam = modal.poles()  # (H, N)
+    c = modal.complex_residues()  # (H, N)
+    d = modal.d.double()
+    batch, channels, seq_len = u.shape
+    state = torch.zeros(batch, channels, modal.num_modes, dtype=torch.complex128, device=u.device)
+    if initial_state is not None:
+        state = state + initial_state.to(torch.complex128)
+    outputs = []
+    for t in range(seq_len):
+        u_t = u[..., t].double()  # (B, H)
+        state = lam * state + u_t.unsqueeze(-1)
+        outputs.append((state * c).sum(-1).real + d * u_t)
+    y = torch.stack(outputs, dim=-1).float()
+    return y, (state.to(torch.complex64) if return_final_state else None)
