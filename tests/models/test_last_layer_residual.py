@@ -10,7 +10,9 @@ import ssmhub
 
 def test_last_block_outputs_its_mixer_without_the_residual():
     torch.manual_seed(0)
-    config = ssmhub.DLRConfig(vocab_size=11, hidden_size=8, num_hidden_layers=2, state_size=4, last_layer_residual=False)
+    config = ssmhub.DLRConfig(
+        vocab_size=11, hidden_size=8, num_hidden_layers=2, state_size=4, last_layer_residual=False
+    )
     model = ssmhub.DLRModel(config).eval()
     assert [block.residual for block in model.layers] == [True, False]
     ids = torch.randint(0, 11, (2, 7))

@@ -143,7 +143,7 @@ class DLRMixer(nn.Module):
         """``(log|Λ|, arg Λ, w)`` of one direction: (N,), (N,), (H, N) complex, all float32."""
         lam = min(direction, self.num_lambdas - 1)
         w = self.ssm.weight[direction * self.hidden_size : (direction + 1) * self.hidden_size].float()  # (H, N, 2)
-        log_modulus = -self.ssm.log_lambda_re[lam].float() ** 2  # log|Λ| = -(logΛ_re)²
+        log_modulus = -(self.ssm.log_lambda_re[lam].float() ** 2)  # log|Λ| = -(logΛ_re)²
         return log_modulus, self.ssm.log_lambda_im[lam].float(), torch.view_as_complex(w)  # (H, N), no copy
 
     def _recurrence(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:

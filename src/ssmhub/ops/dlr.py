@@ -111,15 +111,13 @@ def dlr_kernel(
         raise ValueError(f"kernel_type must be 'real' or 'prod'; got {kernel_type!r}")
     if length < 1:
         raise ValueError(f"length must be positive; got {length}")
-    log_modulus = -log_lambda_re.float() ** 2
+    log_modulus = -(log_lambda_re.float() ** 2)
     w_re, w_im = weight[..., 0].float(), weight[..., 1].float()
     product = kernel_type == "prod"
     chunks = _chunks(length, log_modulus.shape[-1])
     if len(chunks) == 1:
         return _kernel_chunk(log_modulus, log_lambda_im, w_re, w_im, 0, length, product)
-    use_checkpoint = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (log_lambda_re, log_lambda_im, weight)
-    )
+    use_checkpoint = torch.is_grad_enabled() and any(t.requires_grad for t in (log_lambda_re, log_lambda_im, weight))
     parts = []
     for start, size in chunks:
         args = (log_modulus, log_lambda_im, w_re, w_im, start, size, product)
@@ -135,7 +133,7 @@ def dlr_kernel_ref(
     kernel_type: str = "real",
 ) -> torch.Tensor:
     """Reference for :func:`dlr_kernel`: ``Λ^k`` by repeated multiplication in complex128."""
-    lam = torch.polar(torch.exp(-log_lambda_re.double() ** 2), log_lambda_im.double())  # (N,)
+    lam = torch.polar(torch.exp(-(log_lambda_re.double() ** 2)), log_lambda_im.double())  # (N,)
     w = torch.complex(weight[..., 0].double(), weight[..., 1].double())  # (H, N)
     power = torch.ones_like(lam)
     taps = []
