@@ -40,9 +40,26 @@ import torch
 from torch import nn
 
 from ..ops.longconv import PAPER_ORDER, causal_conv, causal_conv_step
+from ..ops.modal import ModalKernel, fit_modal_kernel, modal_init_state, modal_scan, modal_step
 from .longconv import LongConvKernel
 
 __all__ = ["H3Mixer"]
+
+
+class ModalForm(nn.Module):
+    """Buffers of a long kernel's modal fit (:class:`~ssmhub.ops.modal.ModalKernel`): poles
+    ``exp(log_modulus + i·phase)``, residues, direct term and the fit's relative error, per head."""
+
+    def __init__(self, num_heads: int, num_modes: int):
+        super().__init__()
+        for name, shape in (
+            ("log_modulus", (num_heads, num_modes)),
+            ("phase", (num_heads, num_modes)),
+            ("residues", (num_heads, num_modes, 2)),
+            ("direct", (num_heads,)),
+            ("relative_error", (num_heads,)),
+        ):
+            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32))
 
 
 class H3Mixer(nn.Module):
@@ -84,6 +101,7 @@ class H3Mixer(nn.Module):
         kernel_regularization_order: tuple[str, ...] = PAPER_ORDER,
         regularize_shift_kernel: bool = False,
         bias: bool = True,
+        decode_num_modes: int | None = None,
     ):
         super().__init__()
         for name, value in (
@@ -127,6 +145,70 @@ class H3Mixer(nn.Module):
             **regularization,
         )
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.decode_num_modes = None
+        if decode_num_modes is not None:
+            if isinstance(decode_num_modes, bool) or not isinstance(decode_num_modes, int) or decode_num_modes < 1:
+                raise ValueError(f"decode_num_modes must be an integer >= 1 or None; got {decode_num_modes!r}")
+            self._register_modal_buffers(decode_num_modes)
+
+    # ----------------------------------------------------------------------------- distilled (modal) mode
+    def _register_modal_buffers(self, num_modes: int) -> None:
+        """Hold the fitted modal form in a submodule named ``ssm`` (kept float32 on a half-precision load)."""
+        self.decode_num_modes = num_modes
+        self.ssm = ModalForm(self.num_heads, num_modes)
+
+    @property
+    def distilled(self) -> bool:
+        """True once the long convolution is replaced by its modal (diagonal SSM) fit."""
+        return self.decode_num_modes is not None
+
+    def modal_form(self) -> ModalKernel:
+        """The fitted modal form of the long kernel (see :func:`ssmhub.ops.modal.fit_modal_kernel`)."""
+        if not self.distilled:
+            raise ValueError("this H3 layer is not distilled: call distill(num_modes) first")
+        m = self.ssm
+        return ModalKernel(m.log_modulus, m.phase, m.residues, m.direct, m.relative_error)
+
+    @torch.no_grad()
+    def distill(self, num_modes: int) -> torch.Tensor:
+        """Fit the learned long kernel (all L_max taps) with ``num_modes`` complex exponentials per head and
+        switch the layer to that modal form: a diagonal SSM whose decode state is (d_h, d_h, H, N) per
+        sequence, independent of the context length. Returns the (H,) relative L2 error of each fit.
+
+        After this the layer computes with the modal kernel everywhere (training forward, prefill and
+        step agree), so its perplexity can be measured like any model's. Beyond L_max the modal kernel
+        keeps decaying while the learned one is zero (the fit only sees taps 0..L_max-1).
+        """
+        learned = self.long_conv(self.max_kernel_length).detach().float().cpu()  # (H, L_max), regularized
+        fit = fit_modal_kernel(learned, num_modes)
+        if not self.distilled or self.decode_num_modes != num_modes:
+            self._register_modal_buffers(num_modes)
+        self.ssm.to(self.long_conv.skip.device)
+        for name, value in (
+            ("log_modulus", fit.log_modulus),
+            ("phase", fit.phase),
+            ("residues", fit.residues),
+            ("direct", fit.d),
+            ("relative_error", fit.relative_error),
+        ):
+            getattr(self.ssm, name).copy_(value)
+        return fit.relative_error
+
+    def _modal_conv(self, kv: torch.Tensor, initial_state: torch.Tensor | None, return_state: bool):
+        """Modal long conv of kv (B, d_h, d_h, H, L) + D·kv; state (B, d_h, d_h, H, N) complex64."""
+        batch, dh, _, heads, length = kv.shape
+        u = kv.reshape(batch * dh * dh, heads, length)  # (B·d_h², H, L)
+        state = None if initial_state is None else initial_state.reshape(batch * dh * dh, heads, -1)
+        y, final = modal_scan(u, self.modal_form(), initial_state=state, return_final_state=return_state)
+        y = y.reshape(kv.shape) + self.long_conv.skip.float()[:, None] * kv
+        return y, None if final is None else final.reshape(batch, dh, dh, heads, -1)
+
+    def _modal_conv_step(self, kv_t: torch.Tensor, state: torch.Tensor):
+        """One token of :meth:`_modal_conv`: kv_t (B, d_h, d_h, H) -> (y_t, new state)."""
+        batch, dh, _, heads = kv_t.shape
+        y, new_state = modal_step(kv_t.reshape(-1, heads), state.reshape(batch * dh * dh, heads, -1), self.modal_form())
+        y = y.reshape(kv_t.shape) + self.long_conv.skip.float() * kv_t
+        return y, new_state.reshape(batch, dh, dh, heads, -1)
 
     # ----------------------------------------------------------------------------- kernels
     def kernel(self, length: int) -> torch.Tensor:
@@ -135,6 +217,10 @@ class H3Mixer(nn.Module):
         Together with ``self.long_conv.skip`` (D) this is the whole long convolution: the hook for a
         distilled decode that fits it with a modal (diagonal SSM) form.
         """
+        if self.distilled:
+            from ..ops.modal import modal_kernel
+
+            return modal_kernel(self.modal_form(), length)
         return self.long_conv(length)
 
     def shift_kernel(self, length: int | None = None) -> torch.Tensor:
@@ -149,20 +235,28 @@ class H3Mixer(nn.Module):
         ``kv_state``: (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first.
         """
         dh = self.head_dim
-        return {
-            "shift_state": torch.zeros(
-                batch_size, self.hidden_size, self.shift_kernel_size - 1, dtype=torch.float32, device=device
-            ),
-            "kv_state": torch.zeros(
-                batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1, dtype=torch.float32, device=device
-            ),
-        }
+        shift_state = torch.zeros(
+            batch_size, self.hidden_size, self.shift_kernel_size - 1, dtype=torch.float32, device=device
+        )
+        if self.distilled:  # the modal state: complex64 (B, d_h, d_h, H, N), independent of the context
+            kv_state = modal_init_state(self.modal_form(), batch_size * dh * dh, device=device)
+            return {"shift_state": shift_state, "kv_state": kv_state.reshape(batch_size, dh, dh, self.num_heads, -1)}
+        kv_state = torch.zeros(
+            batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1, dtype=torch.float32, device=device
+        )
+        return {"shift_state": shift_state, "kv_state": kv_state}
 
     def _check_state(self, state: dict[str, torch.Tensor], batch_size: int) -> None:
         dh = self.head_dim
         expected = {
             "shift_state": (batch_size, self.hidden_size, self.shift_kernel_size - 1),
-            "kv_state": (batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1),
+            "kv_state": (
+                batch_size,
+                dh,
+                dh,
+                self.num_heads,
+                self.decode_num_modes if self.distilled else self.max_kernel_length - 1,
+            ),
         }
         got = {name: tuple(state[name].shape) for name in expected if name in state}
         if got != expected:
@@ -225,9 +319,11 @@ class H3Mixer(nn.Module):
             return_final_state=return_state,
             state_length=shift_window,
         )  # (B, d, L)
-        long_kernel = self.long_conv(self.max_kernel_length)  # fft_conv uses only the taps it can reach
+        long_kernel = None if self.distilled else self.long_conv(self.max_kernel_length)
 
         def conv(kv):
+            if self.distilled:
+                return self._modal_conv(kv, None if state is None else state["kv_state"], return_state)
             return causal_conv(
                 kv,
                 long_kernel,
@@ -262,10 +358,16 @@ class H3Mixer(nn.Module):
         k_shift, shift_state = causal_conv_step(
             k, state["shift_state"], self.shift_conv(self.shift_kernel_size), self.shift_conv.skip
         )  # (B, d)
-        long_kernel = self.long_conv(self.max_kernel_length)
+        if self.distilled:
 
-        def conv(kv):
-            return causal_conv_step(kv, state["kv_state"], long_kernel, self.long_conv.skip)
+            def conv(kv):
+                return self._modal_conv_step(kv, state["kv_state"])
+
+        else:
+            long_kernel = self.long_conv(self.max_kernel_length)
+
+            def conv(kv):
+                return causal_conv_step(kv, state["kv_state"], long_kernel, self.long_conv.skip)
 
         o, kv_state = self._mix(q, k_shift, v, conv)  # (B, d)
         y_t = self.out_proj(o.to(x_t.dtype))

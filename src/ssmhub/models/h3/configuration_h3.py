@@ -38,6 +38,9 @@ class H3Config(RecurrentLMConfig):
         attention_layers: 0-based indices of the layers that are causal self-attention instead of H3.
         num_attention_heads: heads of those attention layers.
         attention_dropout: attention-probability dropout in training.
+        decode_num_modes: set by :meth:`~ssmhub.models.h3.modeling_h3.H3PreTrainedModel.distill_for_decoding`:
+            each long convolution is then its fitted modal form with this many modes per head (None: the
+            learned kernels, decoded exactly).
         kernel_learning_rate: learning rate of the long-conv kernels (their own group in
             ``optimizer_param_groups``, no weight decay); alias of ``recurrence_learning_rate``.
     """
@@ -62,10 +65,13 @@ class H3Config(RecurrentLMConfig):
     attention_layers: list[int] = field(default_factory=lambda: [1, 8])
     num_attention_heads: int = 12
     attention_dropout: float = 0.0
+    decode_num_modes: int | None = None
 
     def check_fields(self) -> None:
         super().check_fields()
-        check_positive(self, "max_kernel_length", "shift_kernel_size", "num_attention_heads", "ssm_num_heads")
+        check_positive(
+            self, "max_kernel_length", "shift_kernel_size", "num_attention_heads", "ssm_num_heads", "decode_num_modes"
+        )
         check_positive(self, "kernel_init_std")
         check_positive(self, "kernel_dropout", "smooth_width", "squash_lambda", "attention_dropout", allow_zero=True)
         check_choice(self, "kernel_init", ("geometric", "random"))

@@ -8,6 +8,7 @@ gets (:class:`~ssmhub.layers.h3.H3Mixer`, or :class:`~ssmhub.layers.attention.Ca
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ...layers.attention import CausalSelfAttention
@@ -50,7 +51,32 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
             squash_lambda=config.squash_lambda,
             kernel_regularization_order=tuple(config.kernel_regularization_order),
             regularize_shift_kernel=config.regularize_shift_kernel,
+            decode_num_modes=config.decode_num_modes,
         )
+
+    @torch.no_grad()
+    def distill_for_decoding(self, num_modes: int) -> dict[str, torch.Tensor]:
+        """Replace every long convolution by a fit with ``num_modes`` complex exponentials per head.
+
+        Each learned kernel (its L_max regularized taps) is fitted in modal form (Hankel/ESPRIT poles,
+        least-squares residues: :func:`ssmhub.ops.modal.fit_modal_kernel`), a diagonal SSM whose decode
+        state is O(num_modes) per channel, independent of the context length. The model then computes
+        with the fitted kernels everywhere (its perplexity is measured as usual), records
+        ``config.decode_num_modes`` and saves and loads like any other.
+
+        Returns: ``{module name: (H,) relative L2 error of each kernel's fit}``.
+
+        Raises:
+            ValueError: ``num_modes`` below 1 or too large for L_max, or a model with no long convolution.
+        """
+        mixers = {name: m for name, m in self.named_modules() if isinstance(m, H3Mixer)}
+        if not mixers:
+            raise ValueError("this model has no long convolutions to distill (every layer is attention)")
+        if isinstance(num_modes, bool) or not isinstance(num_modes, int) or num_modes < 1:
+            raise ValueError(f"num_modes must be an integer >= 1; got {num_modes!r}")
+        errors = {name: mixer.distill(num_modes) for name, mixer in mixers.items()}
+        self.config.decode_num_modes = num_modes
+        return errors
 
 
 class H3Model(RecurrentModel, H3PreTrainedModel):
