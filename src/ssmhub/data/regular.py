@@ -54,6 +54,7 @@ __all__ = [
     "fixed_test_set",
     "get_task",
     "last_supervised_label",
+    "last_supervised_position",
     "reference_labels",
 ]
 
@@ -197,8 +198,8 @@ def fixed_test_set(
     return task.sample(num_sequences, task.test_length if length is None else length, generator)
 
 
-def last_supervised_label(labels: torch.Tensor) -> torch.LongTensor:
-    """Each row's label at its last supervised position (the full-sequence answer), shape ``(batch,)``.
+def last_supervised_position(labels: torch.Tensor) -> torch.LongTensor:
+    """Index of each row's last supervised (not ``-100``) position, shape ``(batch,)``.
 
     Raises ValueError if ``labels`` is not 2-D or a row has no supervised position.
     """
@@ -208,7 +209,15 @@ def last_supervised_label(labels: torch.Tensor) -> torch.LongTensor:
     if labels.shape[1] == 0 or not bool(supervised.any(dim=1).all()):
         raise ValueError("labels has a row with no supervised position (all -100)")
     positions = torch.arange(labels.shape[1], device=labels.device).expand_as(labels)
-    last = torch.where(supervised, positions, -1).max(dim=1).values
+    return torch.where(supervised, positions, -1).max(dim=1).values
+
+
+def last_supervised_label(labels: torch.Tensor) -> torch.LongTensor:
+    """Each row's label at its last supervised position (the full-sequence answer), shape ``(batch,)``.
+
+    Raises ValueError if ``labels`` is not 2-D or a row has no supervised position.
+    """
+    last = last_supervised_position(labels)
     return labels.gather(1, last.unsqueeze(1)).squeeze(1).long()
 
 

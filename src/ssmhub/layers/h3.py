@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..ops.longconv import PAPER_ORDER, causal_conv, causal_conv_step
-from ..ops.modal import ModalKernel, fit_modal_kernel, modal_init_state, modal_scan, modal_step
+from ..ops.modal import ModalKernel, fit_modal_kernel, modal_init_state, modal_kernel, modal_scan, modal_step
 from .longconv import LongConvKernel
 
 __all__ = ["H3Mixer"]
@@ -218,8 +218,6 @@ class H3Mixer(nn.Module):
         distilled decode that fits it with a modal (diagonal SSM) form.
         """
         if self.distilled:
-            from ..ops.modal import modal_kernel
-
             return modal_kernel(self.modal_form(), length)
         return self.long_conv(length)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_label
+from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_position
 from ..fileio import write_json_atomic
 
 __all__ = ["LENGTH_BUCKETS", "RegularResult", "RegularRunConfig", "main", "run_regular"]
@@ -135,9 +135,10 @@ def _predictions(model, input_ids: torch.Tensor, batch_size: int = 250) -> torch
 
 def last_token_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> float:
     """Accuracy at each row's last supervised position (the full-sequence answer)."""
-    last = (labels != IGNORE_INDEX).long().cumsum(1).argmax(1)  # index of the last supervised position
+    last = last_supervised_position(labels)
     picked = predictions.gather(1, last[:, None])[:, 0]
-    return (picked == last_supervised_label(labels)).float().mean().item()
+    answers = labels.gather(1, last[:, None])[:, 0]
+    return (picked == answers).float().mean().item()
 
 
 def bucket_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
