@@ -9,10 +9,13 @@ advancing by ``--stride``, exact NLL sums) on each ``--splits`` split. The table
 had in common or not: parameters, optimizer steps, tokens seen, and the training wall time from each run's
 ``metrics.jsonl``.
 
-The training commands of the issue-5 comparison (the long-conv paper's Table 7 direction at small scale)
-are in ``ISSUE5_TRAINING`` below and printed into the results file.
+The training commands of each comparison are in ``TRAINING_COMMANDS`` below and printed into the results
+file: ``--comparison issue5`` (H3 vs GPT-2, the long-conv paper's Table 7 direction at small scale) and
+``--comparison issue7`` (SeRpEnt with base + κ = 0.5 + κ = 0.1 branches vs plain Mamba at equal parameter
+count, the SeRpEnt paper's Table 2 columns: loss, perplexity, top-1 and top-5).
 
-Run: ``python benchmarks/lm_quality.py --models runs/h3-wt2 runs/gpt2-wt2``.
+Run: ``python benchmarks/lm_quality.py --models runs/h3-wt2 runs/gpt2-wt2`` and
+``python benchmarks/lm_quality.py --comparison issue7 --name serpent_quality --models runs/serpent-wt2 runs/mamba-wt2``.
 """
 
 from __future__ import annotations
@@ -39,10 +42,34 @@ H3_SIZE = {
 }
 GPT2_SIZE = {"n_embd": 256, "n_layer": 4, "n_head": 4, "n_inner": 1024, "n_positions": 512}
 GPT2_SIZE.update({"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
-ISSUE5_TRAINING = [
-    f"ssmhub-train --output_dir runs/h3-wt2 --model_type h3 --model_config '{json.dumps(H3_SIZE)}' {_COMMON}",
-    f"ssmhub-train --output_dir runs/gpt2-wt2 --model_type gpt2 --model_config '{json.dumps(GPT2_SIZE)}' {_COMMON}",
-]
+_ISSUE7_COMMON = (
+    "--seq_len 512 --per_device_train_batch_size 8 --max_steps 600 --warmup_steps 60 --eval_steps 300 --save_steps 300"
+)
+# SeRpEnt 255 = 3 × 85 wide (the paper: 510 = 3 × 170); Mamba 304 wide has the same parameter count (±1.3%)
+SERPENT_SIZE = {"hidden_size": 255, "num_hidden_layers": 4, "resampling_rates": [0.5, 0.1], "resampling_window": 10}
+MAMBA_SIZE = {"hidden_size": 304, "num_hidden_layers": 4, "resampling_rates": []}
+TRAINING_COMMANDS = {
+    "issue5": (
+        "the issue-5 H3 vs GPT-2 runs (WikiText-2, the trainer's byte-level BPE of 4096 tokens, AdamW lr 1e-3, "
+        "warmup 100, cosine to 10%, batch 8 × 512 tokens, one CPU thread each)",
+        [
+            f"ssmhub-train --output_dir runs/h3-wt2 --model_type h3 --model_config '{json.dumps(H3_SIZE)}' {_COMMON}",
+            f"ssmhub-train --output_dir runs/gpt2-wt2 --model_type gpt2 --model_config '{json.dumps(GPT2_SIZE)}' "
+            f"{_COMMON}",
+        ],
+    ),
+    "issue7": (
+        "the issue-7 SeRpEnt vs Mamba runs (WikiText-2, the trainer's byte-level BPE of 4096 tokens, AdamW lr 1e-3, "
+        "weight decay 0.1, warmup 60, cosine to 10%, batch 8 × 512 tokens, 600 steps, one CPU thread each, both "
+        "runs at once)",
+        [
+            f"ssmhub-train --output_dir runs/serpent-wt2 --model_type serpent --model_config "
+            f"'{json.dumps(SERPENT_SIZE)}' {_ISSUE7_COMMON}",
+            f"ssmhub-train --output_dir runs/mamba-wt2 --model_type serpent --model_config "
+            f"'{json.dumps(MAMBA_SIZE)}' {_ISSUE7_COMMON}",
+        ],
+    ),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--data-dir", default=None, help="default: $SSMHUB_DATA_DIR")
     p.add_argument("--name", default="lm_quality", help="results/<name>.md")
+    p.add_argument(
+        "--comparison", choices=sorted(TRAINING_COMMANDS), default="issue5", help="whose training commands to list"
+    )
     p.add_argument("--no-write", action="store_true", help="print only; do not write the results file")
     return p.parse_args(argv)
 
@@ -70,8 +100,10 @@ def run_facts(folder: str) -> dict:
     rows = read_jsonl(os.path.join(folder, "metrics.jsonl"))
     train_rows = [r for r in rows if r.get("split") == "train"]
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    overrides = train_config.get("model_config") or {}
+    variant = f" {overrides['resampling_rates']}" if "resampling_rates" in overrides else ""
     return {
-        "family": train_config["model_type"],
+        "family": train_config["model_type"] + variant,
         "parameters": sum(p.numel() for p in model.parameters()),
         "steps": train_rows[-1]["step"] if train_rows else 0,
         "tokens": train_rows[-1]["tokens_seen"] if train_rows else 0,
@@ -126,11 +158,10 @@ def main(argv=None) -> int:
             "- `train min`: the runs' own elapsed time (CPU, shared machine, other jobs running): not a speed "
             "comparison; see train_throughput*.md for that.",
             f"- Whole script wall time: {time.perf_counter() - start:.0f} s.",
-            "- Training commands of the issue-5 H3 vs GPT-2 runs (WikiText-2, the trainer's byte-level BPE of "
-            "4096 tokens, AdamW lr 1e-3, warmup 100, cosine to 10%, batch 8 × 512 tokens, one CPU thread each):",
+            f"- Training commands of {TRAINING_COMMANDS[args.comparison][0]}:",
             "",
             "```",
-            *ISSUE5_TRAINING,
+            *TRAINING_COMMANDS[args.comparison][1],
             "```",
         ]
     )

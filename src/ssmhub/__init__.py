@@ -23,6 +23,13 @@ from .models import (
     H3ForTokenClassification,
     H3Model,
     H3PreTrainedModel,
+    SerpentConfig,
+    SerpentForCausalLM,
+    SerpentForSequenceClassification,
+    SerpentForTokenClassification,
+    SerpentModel,
+    SerpentPreTrainedModel,
+    convert_mamba_checkpoint,
 )
 
 __version__ = "0.1.0"
@@ -47,5 +54,12 @@ __all__ = [
     "H3Model",
     "H3PreTrainedModel",
     "RecurrentCache",
+    "SerpentConfig",
+    "SerpentForCausalLM",
+    "SerpentForSequenceClassification",
+    "SerpentForTokenClassification",
+    "SerpentModel",
+    "SerpentPreTrainedModel",
     "__version__",
+    "convert_mamba_checkpoint",
 ]

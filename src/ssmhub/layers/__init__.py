@@ -10,6 +10,8 @@ from .diagonal_ssm import DiagonalSSMKernel
 from .dlr import DLRMixer
 from .h3 import H3Mixer
 from .longconv import LearnedButterflyConv, LongConvKernel
+from .mamba import MambaMixer
+from .serpent import ResamplingBranch, SerpentMixer
 
 __all__ = [
     "BDLRNNMixer",
@@ -19,4 +21,7 @@ __all__ = [
     "H3Mixer",
     "LearnedButterflyConv",
     "LongConvKernel",
+    "MambaMixer",
+    "ResamplingBranch",
+    "SerpentMixer",
 ]

@@ -25,6 +25,15 @@ from .h3 import (
     H3Model,
     H3PreTrainedModel,
 )
+from .serpent import (
+    SerpentConfig,
+    SerpentForCausalLM,
+    SerpentForSequenceClassification,
+    SerpentForTokenClassification,
+    SerpentModel,
+    SerpentPreTrainedModel,
+    convert_mamba_checkpoint,
+)
 
 register_family(
     DLRConfig,
@@ -47,6 +56,13 @@ register_family(
     AutoModelForSequenceClassification=H3ForSequenceClassification,
     AutoModelForTokenClassification=H3ForTokenClassification,
 )
+register_family(
+    SerpentConfig,
+    AutoModel=SerpentModel,
+    AutoModelForCausalLM=SerpentForCausalLM,
+    AutoModelForSequenceClassification=SerpentForSequenceClassification,
+    AutoModelForTokenClassification=SerpentForTokenClassification,
+)
 
 __all__ = [
     "FAMILIES",
@@ -68,5 +84,12 @@ __all__ = [
     "H3ForTokenClassification",
     "H3Model",
     "H3PreTrainedModel",
+    "SerpentConfig",
+    "SerpentForCausalLM",
+    "SerpentForSequenceClassification",
+    "SerpentForTokenClassification",
+    "SerpentModel",
+    "SerpentPreTrainedModel",
+    "convert_mamba_checkpoint",
     "register_family",
 ]

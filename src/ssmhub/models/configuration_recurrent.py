@@ -4,9 +4,10 @@
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-__all__ = ["POOLINGS", "RecurrentLMConfig", "check_choice", "check_positive"]
+__all__ = ["NORM_TYPES", "POOLINGS", "RecurrentLMConfig", "check_choice", "check_positive"]
 
 POOLINGS = ("max", "mean", "last")
+NORM_TYPES = ("layernorm", "rmsnorm")
 
 
 def check_positive(config, *names: str, allow_zero: bool = False) -> None:
@@ -40,7 +41,8 @@ class RecurrentLMConfig(PreTrainedConfig):
         prenorm: ``x + f(LN(x))`` with a final LayerNorm (True) or post-norm ``LN(x + f(x))``.
         last_layer_residual: False makes the last block output its mixer's result without the residual
             stream (pre-norm only), as the regular-language LRNN code does (arXiv 2309.07412).
-        layer_norm_epsilon: LayerNorm epsilon.
+        norm_type: the blocks' and the final normalization: ``"layernorm"`` or ``"rmsnorm"`` (Mamba's).
+        layer_norm_epsilon: epsilon of that normalization.
         initializer_range: std of the normal init of embeddings and linear maps.
         classifier_pooling: how sequence classification pools over positions: ``"max"`` (the DLR
             paper's max-pool), ``"mean"`` or ``"last"`` (the last real token); padding is ignored.
@@ -56,6 +58,7 @@ class RecurrentLMConfig(PreTrainedConfig):
     intermediate_size: int = 0
     prenorm: bool = True
     last_layer_residual: bool = True
+    norm_type: str = "layernorm"
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
     classifier_pooling: str = "max"
@@ -80,6 +83,7 @@ class RecurrentLMConfig(PreTrainedConfig):
         check_positive(self, "intermediate_size", "initializer_range", "classifier_intermediate_size", allow_zero=True)
         check_positive(self, "recurrence_learning_rate")
         check_choice(self, "classifier_pooling", POOLINGS)
+        check_choice(self, "norm_type", NORM_TYPES)
         if not self.last_layer_residual and not self.prenorm:
             raise ValueError(
                 f"{type(self).__name__}.last_layer_residual=False needs prenorm=True (post-norm blocks always add it)"

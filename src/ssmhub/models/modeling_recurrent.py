@@ -48,6 +48,13 @@ class MLP(nn.Module):
         return self.down_proj(nn.functional.gelu(self.up_proj(x)))
 
 
+def build_norm(config) -> nn.Module:
+    """The block stack's normalization: ``config.norm_type`` is ``"layernorm"`` or ``"rmsnorm"`` (Mamba's)."""
+    if config.norm_type == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+
 class RecurrentBlock(GradientCheckpointingLayer):
     """One residual block: a token mixer, then an optional MLP, each pre- or post-normed."""
 
@@ -55,10 +62,10 @@ class RecurrentBlock(GradientCheckpointingLayer):
         super().__init__()
         self.prenorm = config.prenorm
         self.residual = residual  # False: the mixer's output replaces the stream (pre-norm only)
-        self.mixer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.mixer_norm = build_norm(config)
         self.mixer = mixer
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if config.intermediate_size else None
-        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if self.mlp else None
+        self.mlp_norm = build_norm(config) if self.mlp else None
 
     def forward(self, hidden_states, mask=None, state=None, return_state=False):
         """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``)."""
@@ -148,7 +155,7 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
 
 class RecurrentModel(RecurrentPreTrainedModel):
-    """Embeddings, a stack of :class:`RecurrentBlock`, and a final LayerNorm (pre-norm models)."""
+    """Embeddings, a stack of :class:`RecurrentBlock`, and a final norm (pre-norm models)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -158,7 +165,7 @@ class RecurrentModel(RecurrentPreTrainedModel):
             RecurrentBlock(config, self.build_mixer(config, idx), residual=idx < last or config.last_layer_residual)
             for idx in range(config.num_hidden_layers)
         )
-        self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_epsilon) if config.prenorm else None
+        self.norm_f = build_norm(config) if config.prenorm else None
         self.gradient_checkpointing = False
         self.post_init()
 

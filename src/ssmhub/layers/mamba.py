@@ -1,0 +1,314 @@
+"""The Mamba mixer (Gu & Dao 2023, arXiv 2312.00752 §3.4, Fig. 3), the SSM inside every SeRpEnt branch.
+
+On an input ``u ∈ R^{B×L×H}`` (already normed by the block) with inner width E, state size N and
+time-step rank R (spec serpent.md §1 [M], the reference implementation's mixer):
+
+- ``[x, z] = u W_in``                                  (H → 2E)
+- ``x ← SiLU(causal depthwise conv1d(x))``              (width ``conv_kernel``, with bias)
+- ``[δ, B, C] = x W_x``;  ``Δ = softplus(δ W_dt + b_dt)``  (E → R + 2N, R → E)
+- ``h_l = exp(Δ_l A) ⊙ h_{l−1} + Δ_l B_l x_l``,  ``A = −exp(A_log)``  (selective SSM, SeRpEnt Eq. 2 / 8)
+- ``y_l = (C_l h_l + D ⊙ x_l) ⊙ SiLU(z_l)``;  output ``y W_out``  (E → output size)
+
+Parameter names and layouts are those of transformers' ``MambaMixer`` (``in_proj``, ``conv1d``,
+``x_proj``, ``dt_proj``, ``out_proj``), except that ``A_log`` and ``D`` sit in the ``ssm`` submodule
+(ssmhub's rule: recurrence parameters stay float32 and get no weight decay).
+:func:`ssmhub.models.serpent.convert_mamba_checkpoint` maps the names.
+
+Padding: a masked position's input is zeroed before ``in_proj`` and after the convolution, and its
+Δ is 0, so it leaves the SSM state exactly unchanged; left-padded rows give the numbers of the row alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
+
+__all__ = ["MambaMixer"]
+
+TIME_STEP_INIT_SCHEMES = ("random", "constant")
+
+
+def _kaiming_uniform_values(module: nn.Module) -> dict[str, torch.Tensor]:
+    """PyTorch's default weight init (Kaiming-uniform, a = √5) and a zero bias, as fresh tensors."""
+    weight = torch.empty(module.weight.shape)
+    nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    values = {"weight": weight}
+    if module.bias is not None:
+        values["bias"] = torch.zeros(module.bias.shape)
+    return values
+
+
+class MambaParameters(nn.Module):
+    """The recurrence parameters of one mixer: ``A_log`` (E, N) and the skip ``D`` (E,), float32.
+
+    S4D-Real initialization (the reference): ``A = −(1, 2, …, N)`` in every channel, ``D = 1``.
+    """
+
+    def __init__(self, intermediate_size: int, state_size: int):
+        super().__init__()
+        self.A_log = nn.Parameter(torch.empty(intermediate_size, state_size))
+        self.D = nn.Parameter(torch.empty(intermediate_size))
+        with torch.no_grad():
+            for name, value in self.initial_parameter_values().items():
+                self.get_parameter(name).copy_(value)
+
+    def initial_parameter_values(self) -> dict[str, torch.Tensor]:
+        channels, state = self.A_log.shape
+        A = torch.arange(1, state + 1, dtype=torch.float32).expand(channels, state)  # (E, N)
+        return {"A_log": torch.log(A).contiguous(), "D": torch.ones(channels)}
+
+
+class TimeStepProjection(nn.Linear):
+    """``δ W_dt + b_dt`` (R → E), initialized as in the reference so that ``softplus(b_dt)`` is
+    log-uniform in [time_step_min, time_step_max] (floored at time_step_floor) and ``W_dt`` is
+    uniform in ±R^(−1/2)·time_step_scale (or that constant)."""
+
+    def __init__(
+        self,
+        rank: int,
+        channels: int,
+        time_step_min: float,
+        time_step_max: float,
+        time_step_floor: float,
+        time_step_scale: float,
+        time_step_init_scheme: str,
+    ):
+        super().__init__(rank, channels, bias=True)
+        self.time_step_min, self.time_step_max, self.time_step_floor = time_step_min, time_step_max, time_step_floor
+        self.time_step_scale, self.time_step_init_scheme = time_step_scale, time_step_init_scheme
+        with torch.no_grad():
+            for name, value in self.initial_parameter_values().items():
+                self.get_parameter(name).copy_(value)
+
+    def initial_parameter_values(self) -> dict[str, torch.Tensor]:
+        std = self.in_features**-0.5 * self.time_step_scale
+        if self.time_step_init_scheme == "constant":
+            weight = torch.full_like(self.weight, std, dtype=torch.float32, device="cpu")
+        else:
+            weight = torch.empty(self.weight.shape).uniform_(-std, std)
+        log_min, log_max = math.log(self.time_step_min), math.log(self.time_step_max)
+        dt = torch.exp(torch.rand(self.out_features) * (log_max - log_min) + log_min).clamp(min=self.time_step_floor)
+        inverse_softplus = dt + torch.log(-torch.expm1(-dt))  # softplus(inverse_softplus) = dt
+        return {"weight": weight, "bias": inverse_softplus}
+
+
+class DepthwiseConv(nn.Conv1d):
+    """The causal depthwise convolution of width k over the inner channels. It is applied with the
+    last k − 1 inputs (the decode state) prepended instead of zero padding, so a forward can continue
+    from a cached window. PyTorch's default (Kaiming-uniform) weights and a zero bias, as the reference."""
+
+    def __init__(self, channels: int, kernel_size: int, bias: bool):
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=bias)
+
+    def initial_parameter_values(self) -> dict[str, torch.Tensor]:
+        return _kaiming_uniform_values(self)
+
+
+class OutputProjection(nn.Linear):
+    """``y W_out`` (E → output size), PyTorch's default Kaiming-uniform init as in the reference."""
+
+    def initial_parameter_values(self) -> dict[str, torch.Tensor]:
+        return _kaiming_uniform_values(self)
+
+
+class MambaMixer(nn.Module):
+    """Mamba token mixer following the ssmhub mixer protocol.
+
+    Args:
+        hidden_size: input width H.
+        intermediate_size: inner width E (the reference: 2·H).
+        state_size: N per channel (16).
+        conv_kernel: width of the causal depthwise convolution (4).
+        time_step_rank: R (None: ⌈H/16⌉, the reference's "auto").
+        output_size: width of the output (None: H). SeRpEnt branches output H / #branches.
+        use_bias: biases in ``in_proj`` and ``out_proj`` (False). use_conv_bias: bias of the conv (True).
+        time_step_min, time_step_max, time_step_floor, time_step_scale, time_step_init_scheme: the
+            initialization of Δ (see :class:`TimeStepProjection`).
+        scan: ``"chunked"`` (the chunked parallel scan, default) or ``"sequential"`` (the loop-over-time
+            oracle; same numbers, slower).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        state_size: int = 16,
+        conv_kernel: int = 4,
+        time_step_rank: int | None = None,
+        output_size: int | None = None,
+        use_bias: bool = False,
+        use_conv_bias: bool = True,
+        time_step_min: float = 1e-3,
+        time_step_max: float = 0.1,
+        time_step_floor: float = 1e-4,
+        time_step_scale: float = 1.0,
+        time_step_init_scheme: str = "random",
+        scan: str = "chunked",
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("intermediate_size", intermediate_size),
+            ("state_size", state_size),
+            ("conv_kernel", conv_kernel),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{owner}.{name} must be a positive integer; got {value!r}")
+        if time_step_rank is not None and time_step_rank < 1:
+            raise ValueError(f"{owner}.time_step_rank must be positive (or None for ⌈H/16⌉); got {time_step_rank}")
+        if not 0 < time_step_min <= time_step_max:
+            raise ValueError(
+                f"{owner} needs 0 < time_step_min <= time_step_max; got {time_step_min} and {time_step_max}"
+            )
+        if time_step_init_scheme not in TIME_STEP_INIT_SCHEMES:
+            raise ValueError(
+                f"{owner}.time_step_init_scheme must be one of {TIME_STEP_INIT_SCHEMES}; got {time_step_init_scheme!r}"
+            )
+        if scan not in ("chunked", "sequential"):
+            raise ValueError(f"{owner}.scan must be 'chunked' or 'sequential'; got {scan!r}")
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.state_size = state_size
+        self.conv_kernel = conv_kernel
+        self.time_step_rank = time_step_rank or math.ceil(hidden_size / 16)
+        self.output_size = output_size or hidden_size
+        self.scan = scan
+        E, N, R = intermediate_size, state_size, self.time_step_rank
+        self.in_proj = nn.Linear(hidden_size, 2 * E, bias=use_bias)
+        self.conv1d = DepthwiseConv(E, conv_kernel, bias=use_conv_bias)
+        self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
+        self.dt_proj = TimeStepProjection(
+            R, E, time_step_min, time_step_max, time_step_floor, time_step_scale, time_step_init_scheme
+        )
+        self.out_proj = OutputProjection(E, self.output_size, bias=use_bias)
+        self.ssm = MambaParameters(E, N)
+
+    # ----------------------------------------------------------------------------- state
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Zero state, float32: ``conv_state`` (B, E, conv_kernel − 1), the last inputs of the
+        convolution, oldest first; ``ssm_state`` (B, E, N)."""
+        E = self.intermediate_size
+        return {
+            "conv_state": torch.zeros(batch_size, E, self.conv_kernel - 1, dtype=torch.float32, device=device),
+            "ssm_state": torch.zeros(batch_size, E, self.state_size, dtype=torch.float32, device=device),
+        }
+
+    def _check_state(self, state: dict[str, torch.Tensor], batch_size: int) -> None:
+        E = self.intermediate_size
+        expected = {"conv_state": (batch_size, E, self.conv_kernel - 1), "ssm_state": (batch_size, E, self.state_size)}
+        got = {name: tuple(state[name].shape) for name in expected if name in state}
+        if got != expected:
+            raise ValueError(f"state must hold tensors of shapes {expected}; got {got}")
+
+    def A(self) -> torch.Tensor:
+        """A = −exp(A_log), (E, N) float32."""
+        return -torch.exp(self.ssm.A_log.float())
+
+    # ----------------------------------------------------------------------------- pieces
+    def _selective_inputs(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """Conv output x (..., E) -> (Δ (..., E) float32, B (..., N), C (..., N)); Δ = 0 where masked."""
+        time_step, B, C = torch.split(self.x_proj(x), [self.time_step_rank, self.state_size, self.state_size], dim=-1)
+        delta = F.softplus(self.dt_proj(time_step).float())  # Δ = softplus(δ W_dt + b_dt)
+        if mask is not None:
+            delta = delta * mask.unsqueeze(-1).to(delta.dtype)
+        return delta, B, C
+
+    def _conv_taps(self) -> torch.Tensor:
+        return self.conv1d.weight[:, 0, :]  # (E, k): tap k − 1 meets the newest input
+
+    # ----------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """Mix a whole sequence.
+
+        Args:
+            x: (B, L, H). mask: (B, L), 1 for real tokens. state: the state after earlier tokens
+                (:meth:`init_state`, a previous forward or :meth:`step`), or None for zeros.
+            return_state: also return the state after the last token.
+
+        Returns: ``(y (B, L, output_size), new_state or None)``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must have shape (B, L, {self.hidden_size}); got {tuple(x.shape)}")
+        batch, seq_len, _ = x.shape
+        if mask is not None:
+            if mask.shape != x.shape[:2]:
+                raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
+            keep = mask.unsqueeze(-1).to(x.dtype)
+            x = x * keep
+        if state is not None:
+            self._check_state(state, batch)
+            if seq_len == 1:
+                y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
+                return y_t.unsqueeze(1), (new_state if return_state else None)
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
+        u = u.transpose(1, 2)  # (B, E, L)
+        if state is not None:
+            history = state["conv_state"]
+        else:
+            history = u.new_zeros(batch, self.intermediate_size, self.conv_kernel - 1)
+        stream = torch.cat([history.to(u.dtype), u], dim=-1)  # (B, E, k − 1 + L)
+        u = F.conv1d(stream, self.conv1d.weight, self.conv1d.bias, groups=self.intermediate_size)  # (B, E, L)
+        u = F.silu(u).transpose(1, 2)  # (B, L, E)
+        if mask is not None:  # the conv bias made masked positions nonzero again
+            u = u * mask.unsqueeze(-1).to(u.dtype)
+        delta, B, C = self._selective_inputs(u, mask)
+        scan = selective_scan if self.scan == "chunked" else selective_scan_ref
+        y, ssm_final = scan(
+            u,
+            delta,
+            self.A(),
+            B,
+            C,
+            D=self.ssm.D,
+            z=z,
+            initial_state=None if state is None else state["ssm_state"],
+            return_final_state=return_state,
+        )  # (B, L, E), (B, E, N) or None
+        out = self.out_proj(y.to(x.dtype))
+        if not return_state:
+            return out, None
+        conv_final = stream[..., stream.shape[-1] - (self.conv_kernel - 1) :].float().contiguous()  # (B, E, k − 1)
+        return out, {"conv_state": conv_final, "ssm_state": ssm_final}
+
+    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token: x_t (B, H) and the state after the previous token -> (y_t (B, output_size), new state).
+
+        O(E·(N + conv_kernel)) work besides the projections; equals :meth:`forward` at that position.
+        """
+        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
+            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
+        self._check_state(state, x_t.shape[0])
+        return self._step(x_t, state, None)
+
+    def _step(self, x_t, state, mask_t):
+        u, z = self.in_proj(x_t).chunk(2, dim=-1)  # (B, E) each
+        window = torch.cat([state["conv_state"].to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (B, E, k), newest last
+        u = (window * self._conv_taps().to(u.dtype)).sum(-1)
+        if self.conv1d.bias is not None:
+            u = u + self.conv1d.bias.to(u.dtype)
+        u = F.silu(u)
+        if mask_t is not None:
+            u = u * mask_t.unsqueeze(-1).to(u.dtype)
+        delta, B, C = self._selective_inputs(u, mask_t)
+        y, ssm_state = selective_step(u, delta, self.A(), B, C, D=self.ssm.D, z_t=z, state=state["ssm_state"])
+        y = self.out_proj(y.to(x_t.dtype))
+        return y, {"conv_state": window[..., 1:].float().contiguous(), "ssm_state": ssm_state}
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+            f"state_size={self.state_size}, conv_kernel={self.conv_kernel}, time_step_rank={self.time_step_rank}, "
+            f"output_size={self.output_size}, scan={self.scan!r}"
+        )

@@ -1,0 +1,305 @@
+"""The SeRpEnt mixer: Mamba branches over selectively resampled copies of the sequence (arXiv 2501.11729 §4).
+
+One block (Eq. 15) on x ∈ R^{B×L×H} with ``1 + len(resampling_rates)`` branches of width H_b = H / #branches:
+
+- the base branch: a Mamba mixer over the full sequence (H → H_b; App. B.1 "a base branch with no
+  resampling"; the map H → H_b is Mamba's own in/out projections, spec serpent.md §2g [I]);
+- one :class:`ResamplingBranch` per compression rate κ:
+    1. Eq. 13: per-token steps ``Δ_l = σ(θ_Δ x_l)·Δ·(1−κ) + κΔ`` (a scalar per token; Δ learnable, init 1);
+    2. Eq. 9 / 11: times ``t_l = Σ_{i≤l} Δ_i`` (float64, exact; :mod:`ssmhub.ops.resampling`) and the uniform
+       grid ``t̄_j = jΔ``, j = 1..L̄, ``L̄ = ⌊t_{L−1}/Δ⌋``;
+    3. Eq. 12: ``x̄_j = θ_Γ(⊕_{k ∈ N_K(t̄_j)} [x_k, ε(t̄_j − t_k)])`` with G Gaussian distance features;
+    4. Eq. 15a: the branch's Mamba (H_b → H_b) over x̄;
+    5. Eq. 14b: back to length L by copying a grid output to every token.
+- Eq. 15b: the branch outputs are concatenated; the block's residual stream is the skip ``+ x``.
+
+Two resampling modes (spec §3). ``"faithful"``: N_K is the K nearest tokens in time and the expansion
+copies the nearest grid point, as the paper writes it; output l then reads up to ~1/(2κ) + K/2 later
+tokens, so this mode is for classification. ``"causal"`` (default): N_K is the last K tokens up to the first
+token at or past t̄_j and the expansion holds ȳ_{⌊t_l/Δ⌋} (0 before the first grid point), so output l
+depends on tokens ≤ l only, and the branch streams: per token at most one grid point, O(K·H + Mamba step).
+
+Padding: pad tokens advance no clock, enter no window and leave every Mamba state unchanged, so a
+left-padded row gives the numbers of the row alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.resampling import (
+    ResamplingState,
+    causal_windows,
+    expand_floor,
+    expand_nearest,
+    gather_windows,
+    gaussian_distance_features,
+    nearest_windows,
+    resampling_init_state,
+    resampling_prefill,
+    resampling_step,
+    resampling_times,
+)
+from .mamba import MambaMixer
+
+__all__ = ["ResamplingBranch", "SerpentMixer"]
+
+RESAMPLING_MODES = ("causal", "faithful")
+_STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
+
+
+class ResamplingParameters(nn.Module):
+    """A branch's resampling parameters, float32 and out of weight decay: ``log_grid_step`` (the grid step
+    Δ = exp(log_grid_step), init 1, spec §2a) and the Gaussian centres μ (G,) of Eq. 12, drawn uniformly
+    over the range the window distances take at init (causal: (−Δ, KΔ]; faithful: about ±KΔ/2)."""
+
+    def __init__(self, num_features: int, window: int, mode: str):
+        super().__init__()
+        self.window, self.mode = window, mode
+        self.log_grid_step = nn.Parameter(torch.empty(()))
+        self.distance_centers = nn.Parameter(torch.empty(num_features))
+        with torch.no_grad():
+            for name, value in self.initial_parameter_values().items():
+                self.get_parameter(name).copy_(value)
+
+    def initial_parameter_values(self) -> dict[str, torch.Tensor]:
+        low, high = (-1.0, float(self.window)) if self.mode == "causal" else (-self.window / 2, self.window / 2)
+        centers = torch.empty(self.distance_centers.shape).uniform_(low, high)
+        return {"log_grid_step": torch.zeros(()), "distance_centers": centers}
+
+    def grid_step(self) -> torch.Tensor:
+        """Δ, a float32 scalar."""
+        return self.log_grid_step.float().exp()
+
+
+class ResamplingBranch(nn.Module):
+    """One compressed branch of Eq. 15a: resample (Eq. 11-13), Mamba over the grid, expand back (Eq. 14b).
+
+    Args:
+        hidden_size: H, the block's input width. branch_size: H_b, this branch's output width.
+        resampling_rate: κ ∈ (0, 1], the minimum compression rate L̄/L.
+        window: K tokens per grid point. num_features: G distance features. mode: ``"causal"`` or ``"faithful"``.
+        mamba_kwargs: the branch Mamba's options (inner width, state size, ...).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        branch_size: int,
+        resampling_rate: float,
+        window: int,
+        num_features: int,
+        mode: str,
+        mamba_kwargs: dict,
+    ):
+        super().__init__()
+        if not 0 < resampling_rate <= 1:
+            raise ValueError(f"{type(self).__name__}.resampling_rate must lie in (0, 1] (κ); got {resampling_rate}")
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"{type(self).__name__}.window must be a positive integer K; got {window!r}")
+        if mode not in RESAMPLING_MODES:
+            raise ValueError(f"{type(self).__name__}.mode must be one of {RESAMPLING_MODES}; got {mode!r}")
+        self.hidden_size, self.branch_size = hidden_size, branch_size
+        self.resampling_rate, self.window, self.mode = resampling_rate, window, mode
+        self.step_proj = nn.Linear(hidden_size, 1)  # θ_Δ of Eq. 13
+        self.compress = nn.Linear(window * (hidden_size + num_features), branch_size)  # θ_Γ of Eq. 12
+        self.mamba = MambaMixer(branch_size, output_size=branch_size, **mamba_kwargs)
+        self.ssm = ResamplingParameters(num_features, window, mode)
+
+    # ----------------------------------------------------------------------------- pieces
+    def steps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eq. 13: x (..., H) -> (Δ_l (...) float32 in [κΔ, Δ], Δ)."""
+        grid_step = self.ssm.grid_step()
+        kappa = self.resampling_rate
+        gate = torch.sigmoid(self.step_proj(x).squeeze(-1).float())
+        return gate * grid_step * (1 - kappa) + kappa * grid_step, grid_step
+
+    def _compress(self, inputs: torch.Tensor, distance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Eq. 12: window inputs (..., K, H), distances and validity (..., K) -> x̄ (..., H_b)."""
+        features = gaussian_distance_features(distance, self.ssm.distance_centers, valid)  # (..., K, G)
+        window = torch.cat([inputs, features.to(inputs.dtype)], dim=-1)  # (..., K, H + G)
+        return self.compress(window.flatten(-2))  # (..., K·(H + G)) -> (..., H_b)
+
+    # ----------------------------------------------------------------------------- state
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Clock, grid counter, window buffer (spec §7), the held output ȳ_j and the branch Mamba's state."""
+        stream = resampling_init_state(batch_size, self.window, self.hidden_size, dtype=torch.float32, device=device)
+        return {
+            **stream._asdict(),
+            "held": torch.zeros(batch_size, self.branch_size, dtype=torch.float32, device=device),
+            **self.mamba.init_state(batch_size, device=device),
+        }
+
+    # ----------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """x (B, L, H) -> (y (B, L, H_b), new state or None). A forward that continues from a ``state``
+        runs token by token (exact, O(1) per token); a forward from the start runs in parallel."""
+        if self.mode == "faithful" and (state is not None or return_state):
+            raise ValueError(
+                "faithful resampling is not causal and has no recurrent state; use resampling_mode='causal' "
+                "to decode, or call with use_cache=False"
+            )
+        if state is not None:
+            outputs = []
+            for t in range(x.shape[1]):
+                y_t, state = self._step(x[:, t], state, None if mask is None else mask[:, t])
+                outputs.append(y_t)
+            return torch.stack(outputs, 1), (state if return_state else None)
+        return self._parallel(x, mask, return_state)
+
+    def _parallel(self, x, mask, return_state):
+        batch, length, _ = x.shape
+        step, grid_step = self.steps(x)  # (B, L)
+        t = resampling_times(step, grid_step, mask)  # (B, L) float64, Eq. 9
+        find_windows = causal_windows if self.mode == "causal" else nearest_windows
+        windows = find_windows(t, grid_step, self.window, mask)  # (B, Lg, K) each, Lg = max L̄
+        x_grid = self._compress(
+            gather_windows(x, windows.index, windows.valid), windows.distance, windows.valid
+        )  # (B, Lg, H_b)
+        # Right-align each row's L̄ grid points (batch padding in front), so that the branch Mamba treats
+        # them as left padding: its state after the last slot is the state after grid point L̄.
+        num_grid = x_grid.shape[1]
+        grid_sizes = windows.grid_mask.sum(1)  # (B,) L̄
+        offset = (num_grid - grid_sizes)[:, None]  # (B, 1)
+        slots = torch.arange(num_grid, device=x.device)[None, :]  # (1, Lg)
+        aligned_mask = slots >= offset  # (B, Lg)
+        aligned = x_grid.gather(1, (slots - offset).clamp(min=0)[..., None].expand_as(x_grid))  # (B, Lg, H_b)
+        if num_grid:
+            all_valid = bool(aligned_mask.all())
+            y_aligned, mamba_state = self.mamba(
+                aligned, mask=None if all_valid else aligned_mask, return_state=return_state
+            )  # (B, Lg, H_b)
+        else:  # no row reached its first grid point yet
+            y_aligned, mamba_state = aligned, None
+        y_grid = y_aligned.gather(1, (slots + offset).clamp(max=max(num_grid - 1, 0))[..., None].expand_as(y_aligned))
+        expand = expand_floor if self.mode == "causal" else expand_nearest
+        y = expand(y_grid, t, grid_step)  # (B, L, H_b), Eq. 14b
+        if not return_state:
+            return y, None
+        stream = resampling_prefill(x.float(), t, grid_step, self.window, mask)
+        if mamba_state is None:  # no grid point in any row yet
+            mamba_state = self.mamba.init_state(batch, device=x.device)
+        held = y[:, -1].float() if length else x.new_zeros(batch, self.branch_size, dtype=torch.float32)
+        return y, {**stream._asdict(), "held": held, **mamba_state}
+
+    def _step(self, x_t, state, mask_t):
+        """One token (spec §7): advance the clock, push the token; if it crosses t̄_j, compress the window
+        and step the branch Mamba (on those rows only); emit the held ȳ_j (0 before the first grid point)."""
+        step_t, grid_step = self.steps(x_t)  # (B,)
+        stream = ResamplingState(*(state[name] for name in _STREAM_FIELDS))
+        stream, emission = resampling_step(stream, x_t.float(), step_t, grid_step, mask_t)
+        held = state["held"]
+        mamba_state = {name: state[name] for name in ("conv_state", "ssm_state")}
+        if bool(emission.emitted.any()):
+            x_bar = self._compress(emission.inputs.to(x_t.dtype), emission.distance, emission.valid)  # (B, H_b)
+            y_t, stepped = self.mamba.step(x_bar, mamba_state)
+            emitted = emission.emitted
+            held = torch.where(emitted[:, None], y_t.float(), held)
+            mamba_state = {
+                name: torch.where(emitted.view(-1, *[1] * (value.dim() - 1)), stepped[name], value)
+                for name, value in mamba_state.items()
+            }
+        return held.to(x_t.dtype), {**stream._asdict(), "held": held, **mamba_state}
+
+    def extra_repr(self) -> str:
+        return f"resampling_rate={self.resampling_rate}, window={self.window}, mode={self.mode!r}"
+
+
+class SerpentMixer(nn.Module):
+    """SeRpEnt token mixer (Eq. 15) following the ssmhub mixer protocol.
+
+    Args:
+        hidden_size: H; must be divisible by the number of branches, 1 + len(resampling_rates).
+        resampling_rates: κ of each resampling branch (empty: the mixer is a plain Mamba mixer).
+        resampling_window: K. num_distance_features: G. resampling_mode: ``"causal"`` or ``"faithful"``.
+        expand: each branch Mamba's inner width is expand × H_b.
+        **mamba_kwargs: the other :class:`~ssmhub.layers.mamba.MambaMixer` options (state_size, conv_kernel, ...).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        resampling_rates: tuple[float, ...] = (0.5, 0.1),
+        resampling_window: int = 10,
+        num_distance_features: int = 8,
+        resampling_mode: str = "causal",
+        expand: int = 2,
+        **mamba_kwargs,
+    ):
+        super().__init__()
+        num_branches = 1 + len(resampling_rates)
+        if hidden_size % num_branches:
+            raise ValueError(
+                f"{type(self).__name__}.hidden_size ({hidden_size}) must be divisible by the number of branches "
+                f"({num_branches} = 1 base + {len(resampling_rates)} resampling rates)"
+            )
+        self.hidden_size = hidden_size
+        self.branch_size = hidden_size // num_branches
+        self.resampling_mode = resampling_mode
+        self.base = MambaMixer(hidden_size, expand * self.branch_size, output_size=self.branch_size, **mamba_kwargs)
+        self.resampled = nn.ModuleList(
+            ResamplingBranch(
+                hidden_size,
+                self.branch_size,
+                kappa,
+                resampling_window,
+                num_distance_features,
+                resampling_mode,
+                {"intermediate_size": expand * self.branch_size, **mamba_kwargs},
+            )
+            for kappa in resampling_rates
+        )
+
+    def _branches(self) -> list[tuple[str, nn.Module]]:
+        return [("base", self.base), *((f"resampled{i}", b) for i, b in enumerate(self.resampled))]
+
+    @staticmethod
+    def _substate(state: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torch.Tensor] | None:
+        if state is None:
+            return None
+        return {name[len(prefix) + 1 :]: value for name, value in state.items() if name.startswith(prefix + ".")}
+
+    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Every branch's state, flattened as ``"<branch>.<field>"`` (the cache holds flat dicts)."""
+        return {
+            f"{prefix}.{name}": value
+            for prefix, branch in self._branches()
+            for name, value in branch.init_state(batch_size, device=device).items()
+        }
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+        return_state: bool = False,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """x (B, L, H) -> (y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
+        the block's residual), new state or None)."""
+        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"x must have shape (B, L, {self.hidden_size}); got {tuple(x.shape)}")
+        if mask is not None and mask.shape != x.shape[:2]:
+            raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
+        outputs, new_state = [], {}
+        for prefix, branch in self._branches():
+            y, branch_state = branch(x, mask, self._substate(state, prefix), return_state)
+            outputs.append(y)
+            if return_state:
+                new_state.update({f"{prefix}.{name}": value for name, value in branch_state.items()})
+        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)  # (B, L, H)
+        return y, (new_state if return_state else None)
+
+    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token: x_t (B, H) -> (y_t (B, H), new state); O(1) in the context length."""
+        y, new_state = self.forward(x_t[:, None], state=state, return_state=True)
+        return y[:, 0], new_state
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, branch_size={self.branch_size}, mode={self.resampling_mode!r}"

@@ -1,0 +1,101 @@
+"""SeRpEnt models for transformers: Mamba with selective resampling branches (Rando et al., arXiv 2501.11729).
+
+All shared machinery (block stack, cache, heads, init, remote code) lives in
+:mod:`ssmhub.models.modeling_recurrent`; this file says only what is SeRpEnt's own: its mixer,
+:class:`~ssmhub.layers.serpent.SerpentMixer` (§4, Eq. 11-15), the rule that a causal LM needs the causal
+resampling mode, and loading transformers' Mamba checkpoints (a SeRpEnt with only its base branch is
+exactly Mamba).
+"""
+
+from __future__ import annotations
+
+from ...layers.serpent import SerpentMixer
+from ..modeling_recurrent import (
+    RecurrentForCausalLM,
+    RecurrentForSequenceClassification,
+    RecurrentForTokenClassification,
+    RecurrentModel,
+    RecurrentPreTrainedModel,
+)
+from .configuration_serpent import SerpentConfig
+
+__all__ = [
+    "SerpentForCausalLM",
+    "SerpentForSequenceClassification",
+    "SerpentForTokenClassification",
+    "SerpentModel",
+    "SerpentPreTrainedModel",
+]
+
+
+class SerpentPreTrainedModel(RecurrentPreTrainedModel):
+    config_class = SerpentConfig
+
+    def build_mixer(self, config: SerpentConfig, layer_idx: int) -> SerpentMixer:
+        return SerpentMixer(
+            hidden_size=config.hidden_size,
+            resampling_rates=tuple(config.resampling_rates),
+            resampling_window=config.resampling_window,
+            num_distance_features=config.num_distance_features,
+            resampling_mode=config.resampling_mode,
+            state_size=config.state_size,
+            expand=config.expand,
+            conv_kernel=config.conv_kernel,
+            time_step_rank=config.time_step_rank,
+            use_bias=config.use_bias,
+            use_conv_bias=config.use_conv_bias,
+            time_step_min=config.time_step_min,
+            time_step_max=config.time_step_max,
+            time_step_floor=config.time_step_floor,
+            time_step_scale=config.time_step_scale,
+            time_step_init_scheme=config.time_step_init_scheme,
+            scan=config.scan,
+        )
+
+
+class SerpentModel(RecurrentModel, SerpentPreTrainedModel):
+    """Token embeddings and a stack of SeRpEnt blocks; returns the last hidden states."""
+
+
+class SerpentForCausalLM(RecurrentForCausalLM, SerpentPreTrainedModel):
+    """SeRpEnt language model. ``generate`` decodes in O(1) per token: each branch keeps its clock, grid
+    counter, a window of its last K tokens and its Mamba state (causal resampling, spec serpent.md §7).
+
+    ``from_pretrained`` also takes a transformers ``MambaForCausalLM`` folder or Hub id (``model_type``
+    ``"mamba"``): it is converted with :func:`~ssmhub.models.serpent.convert_mamba_checkpoint` into a
+    SeRpEnt with only the base branch, whose logits equal Mamba's.
+    """
+
+    backbone_class = SerpentModel
+
+    def __init__(self, config: SerpentConfig):
+        if config.resampling_mode != "causal" and config.resampling_rates:
+            raise ValueError(
+                f"SerpentForCausalLM needs SerpentConfig.resampling_mode='causal'; got {config.resampling_mode!r} "
+                "(the paper's faithful resampling reads up to ~1/(2κ) + K/2 future tokens, spec serpent.md §3; "
+                "use it for classification)"
+            )
+        super().__init__(config)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        from .convert_mamba import convert_mamba_checkpoint, is_mamba_checkpoint
+
+        if kwargs.get("config") is None and is_mamba_checkpoint(pretrained_model_name_or_path, **kwargs):
+            if model_args:
+                raise ValueError("converting a Mamba checkpoint takes no positional model arguments")
+            return convert_mamba_checkpoint(pretrained_model_name_or_path, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+
+
+class SerpentForSequenceClassification(RecurrentForSequenceClassification, SerpentPreTrainedModel):
+    """SeRpEnt sequence classifier: pooled hidden states (``classifier_pooling``) and a linear map; either
+    resampling mode (the paper's LRA experiments use the faithful one)."""
+
+    backbone_class = SerpentModel
+
+
+class SerpentForTokenClassification(RecurrentForTokenClassification, SerpentPreTrainedModel):
+    """A label per position; causal (position t sees tokens 0..t) in the causal resampling mode."""
+
+    backbone_class = SerpentModel

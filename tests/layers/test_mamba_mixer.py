@@ -1,0 +1,111 @@
+"""The Mamba mixer: equal to transformers' MambaMixer on the same weights, and its recurrent form equal
+to its parallel form (continuation, step-by-step, left padding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import MambaConfig
+from transformers.models.mamba.modeling_mamba import MambaMixer as TransformersMambaMixer
+
+from ssmhub.layers.mamba import MambaMixer
+
+HIDDEN, INNER, STATE = 16, 32, 4
+
+
+def make_mixer(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    mixer = MambaMixer(HIDDEN, INNER, state_size=STATE, **kwargs)
+    with torch.no_grad():  # move Δ away from its tiny init so that the state carries real history
+        mixer.dt_proj.bias.add_(2.0)
+        mixer.ssm.D.normal_()
+    return mixer
+
+
+def test_matches_transformers_mamba_mixer():
+    config = MambaConfig(hidden_size=HIDDEN, state_size=STATE, expand=2, num_hidden_layers=1, use_mambapy=False)
+    theirs = TransformersMambaMixer(config, layer_idx=0).eval()
+    ours = MambaMixer(HIDDEN, INNER, state_size=STATE, time_step_rank=int(config.time_step_rank))
+    state = {k if k not in ("A_log", "D") else f"ssm.{k}": v for k, v in theirs.state_dict().items()}
+    ours.load_state_dict(state, strict=True)
+    x = torch.randn(3, 29, HIDDEN)
+    with torch.no_grad():
+        expected = theirs(x)
+        got, _ = ours(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scan", ["chunked", "sequential"])
+def test_continuation_and_steps_equal_the_whole_sequence(scan):
+    mixer = make_mixer(scan=scan)
+    x = torch.randn(2, 23, HIDDEN)
+    with torch.no_grad():
+        whole, whole_state = mixer(x, return_state=True)
+        first, state = mixer(x[:, :15], return_state=True)
+        second, split_state = mixer(x[:, 15:], state=state, return_state=True)
+        torch.testing.assert_close(torch.cat([first, second], 1), whole, rtol=1e-5, atol=1e-6)
+        for name in whole_state:
+            torch.testing.assert_close(split_state[name], whole_state[name], rtol=1e-5, atol=1e-6)
+        state = mixer.init_state(2)
+        steps = []
+        for t in range(x.shape[1]):
+            y_t, state = mixer.step(x[:, t], state)
+            steps.append(y_t)
+        torch.testing.assert_close(torch.stack(steps, 1), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_sequential_and_chunked_scans_agree():
+    chunked, sequential = make_mixer(scan="chunked"), make_mixer(scan="sequential")
+    x = torch.randn(2, 70, HIDDEN, requires_grad=True)
+    y1, _ = chunked(x)
+    y2, _ = sequential(x)
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-6)
+    (g1,) = torch.autograd.grad(y1.square().sum(), x)
+    (g2,) = torch.autograd.grad(y2.square().sum(), x)
+    torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-5)
+
+
+def test_left_padding_gives_the_numbers_of_the_row_alone():
+    mixer = make_mixer()
+    x = torch.randn(1, 9, HIDDEN)
+    padded = torch.cat([torch.randn(1, 4, HIDDEN), x], 1)
+    mask = torch.tensor([[0] * 4 + [1] * 9])
+    with torch.no_grad():
+        alone, alone_state = mixer(x, return_state=True)
+        got, state = mixer(padded, mask=mask, return_state=True)
+    torch.testing.assert_close(got[:, 4:], alone, rtol=1e-5, atol=1e-6)
+    for name in state:
+        torch.testing.assert_close(state[name], alone_state[name], rtol=1e-5, atol=1e-6)
+
+
+def test_padding_leaves_the_state_unchanged_in_a_step():
+    mixer = make_mixer()
+    with torch.no_grad():
+        _, state = mixer(torch.randn(2, 5, HIDDEN), return_state=True)
+        _, after = mixer(torch.randn(2, 1, HIDDEN), mask=torch.zeros(2, 1), state=state, return_state=True)
+    torch.testing.assert_close(after["ssm_state"], state["ssm_state"])
+
+
+def test_output_size_and_time_step_init():
+    mixer = MambaMixer(HIDDEN, INNER, state_size=STATE, output_size=8)
+    y, _ = mixer(torch.randn(2, 5, HIDDEN))
+    assert y.shape == (2, 5, 8)
+    assert mixer.time_step_rank == 1  # ⌈16 / 16⌉
+    dt = torch.nn.functional.softplus(mixer.dt_proj.bias)
+    assert dt.min() >= 1e-4 - 1e-9 and dt.max() <= 0.1 + 1e-6  # log-uniform in [time_step_min, time_step_max]
+    torch.testing.assert_close(mixer.A()[0], -torch.arange(1.0, STATE + 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"state_size": 0}, "state_size"),
+        ({"conv_kernel": 0}, "conv_kernel"),
+        ({"time_step_min": 0.5, "time_step_max": 0.1}, "time_step_min"),
+        ({"time_step_init_scheme": "zeros"}, "time_step_init_scheme"),
+        ({"scan": "fast"}, "scan"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        MambaMixer(HIDDEN, INNER, **kwargs)
