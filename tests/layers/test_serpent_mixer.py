@@ -195,3 +195,15 @@ def test_faithful_mode_is_refused_in_a_causal_lm():
     config = ssmhub.SerpentConfig(hidden_size=12, resampling_rates=[0.5], resampling_mode="faithful")
     with pytest.raises(ValueError, match="resampling_mode='causal'"):
         ssmhub.SerpentForCausalLM(config)
+
+
+def test_a_multi_token_forward_continues_a_cached_state():
+    branch = make_branch(kappa=0.3)
+    x = torch.randn(2, 19, HIDDEN)
+    with torch.no_grad():
+        whole, whole_state = branch(x, return_state=True)
+        first, state = branch(x[:, :6], return_state=True)
+        second, state = branch(x[:, 6:], state=state, return_state=True)  # 13 tokens at once
+    torch.testing.assert_close(torch.cat([first, second], 1), whole, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state["grid_count"], whole_state["grid_count"], rtol=0, atol=0)
+    torch.testing.assert_close(state["ssm_state"], whole_state["ssm_state"], rtol=1e-5, atol=1e-6)
