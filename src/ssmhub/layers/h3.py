@@ -41,6 +41,7 @@ from torch import nn
 
 from ..ops.longconv import PAPER_ORDER, causal_conv_step
 from ..ops.modal import ModalKernel, fit_modal_kernel, modal_init_state, modal_kernel, modal_scan, modal_step
+from .checks import check_mixer_inputs
 from .diagonal_ssm import DiagonalSSMKernel
 from .longconv import LongConvKernel
 
@@ -332,12 +333,9 @@ class H3Mixer(nn.Module):
 
         Returns: ``(y (B, L, d), new_state or None)``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"x must have shape (B, L, {self.hidden_size}); got {tuple(x.shape)}")
+        check_mixer_inputs(x, mask, self.hidden_size)
         batch, seq_len, _ = x.shape
         if mask is not None:
-            if mask.shape != x.shape[:2]:
-                raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
             x = x * mask.unsqueeze(-1).to(x.dtype)
         if state is not None:
             self._check_state(state, batch)

@@ -27,10 +27,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
+from .checks import check_mixer_inputs
 
-__all__ = ["MambaMixer"]
+__all__ = ["SCANS", "TIME_STEP_INIT_SCHEMES", "MambaMixer"]
 
 TIME_STEP_INIT_SCHEMES = ("random", "constant")
+SCANS = ("chunked", "sequential")
 
 
 def _kaiming_uniform_values(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -170,8 +172,8 @@ class MambaMixer(nn.Module):
             raise ValueError(
                 f"{owner}.time_step_init_scheme must be one of {TIME_STEP_INIT_SCHEMES}; got {time_step_init_scheme!r}"
             )
-        if scan not in ("chunked", "sequential"):
-            raise ValueError(f"{owner}.scan must be 'chunked' or 'sequential'; got {scan!r}")
+        if scan not in SCANS:
+            raise ValueError(f"{owner}.scan must be one of {SCANS}; got {scan!r}")
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.state_size = state_size
@@ -239,14 +241,10 @@ class MambaMixer(nn.Module):
 
         Returns: ``(y (B, L, output_size), new_state or None)``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"x must have shape (B, L, {self.hidden_size}); got {tuple(x.shape)}")
+        check_mixer_inputs(x, mask, self.hidden_size)
         batch, seq_len, _ = x.shape
         if mask is not None:
-            if mask.shape != x.shape[:2]:
-                raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
-            keep = mask.unsqueeze(-1).to(x.dtype)
-            x = x * keep
+            x = x * mask.unsqueeze(-1).to(x.dtype)
         if state is not None:
             self._check_state(state, batch)
             if seq_len == 1:

@@ -41,9 +41,10 @@ from ..ops.resampling import (
     resampling_step,
     resampling_times,
 )
+from .checks import check_mixer_inputs
 from .mamba import MambaMixer
 
-__all__ = ["ResamplingBranch", "SerpentMixer"]
+__all__ = ["RESAMPLING_MODES", "ResamplingBranch", "SerpentMixer"]
 
 RESAMPLING_MODES = ("causal", "faithful")
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
@@ -283,10 +284,7 @@ class SerpentMixer(nn.Module):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         """x (B, L, H) -> (y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
         the block's residual), new state or None)."""
-        if x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"x must have shape (B, L, {self.hidden_size}); got {tuple(x.shape)}")
-        if mask is not None and mask.shape != x.shape[:2]:
-            raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
+        check_mixer_inputs(x, mask, self.hidden_size)
         outputs, new_state = [], {}
         for prefix, branch in self._branches():
             y, branch_state = branch(x, mask, self._substate(state, prefix), return_state)

@@ -3,11 +3,11 @@
 # no `from __future__ import annotations` here: @strict checks field types only on real annotations
 from huggingface_hub.dataclasses import strict
 
+from ...layers.mamba import SCANS, TIME_STEP_INIT_SCHEMES
+from ...layers.serpent import RESAMPLING_MODES
 from ..configuration_recurrent import RecurrentLMConfig, check_choice, check_positive
 
-__all__ = ["RESAMPLING_MODES", "SerpentConfig"]
-
-RESAMPLING_MODES = ("causal", "faithful")
+__all__ = ["SerpentConfig"]
 
 
 @strict
@@ -87,8 +87,8 @@ class SerpentConfig(RecurrentLMConfig):
         check_positive(
             self, "state_size", "expand", "conv_kernel", "time_step_rank", "resampling_window", "num_distance_features"
         )
-        check_choice(self, "time_step_init_scheme", ("random", "constant"))
-        check_choice(self, "scan", ("chunked", "sequential"))
+        check_choice(self, "time_step_init_scheme", TIME_STEP_INIT_SCHEMES)
+        check_choice(self, "scan", SCANS)
         check_choice(self, "resampling_mode", RESAMPLING_MODES)
         if not 0 < self.time_step_min <= self.time_step_max:
             raise ValueError(
