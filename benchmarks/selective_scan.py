@@ -286,6 +286,76 @@ def fmt_ms(res: dict | None) -> str:
     return f"{median(res['total_ms']):.1f} (n={len(res['total_ms'])})"
 
 
+def kernel_choices(args, repeats: int = 21) -> str:
+    """Two elementwise choices behind the scan and the mixer, each against the PyTorch op it replaces.
+
+    1. ``Ā = exp(Δ·A)`` on one chunk buffer (C, Bt, N, E): ``torch.exp`` vs ``torch.exp2`` of Δ·A·log₂e.
+    2. The mixer's causal depthwise conv (k = 4) + SiLU, forward + backward at (Bt, T = 256, E):
+       ``F.conv1d`` in the (Bt, E, T) layout (transpose, prepend k − 1 zeros, conv, SiLU, transpose back,
+       as transformers' MambaMixer and ssmhub before) vs :func:`ssmhub.ops.short_conv.causal_depthwise_conv`
+       in (Bt, T, E); both feed a downstream product with a (Bt, T, E) tensor, as the scan does.
+    Medians of ``repeats`` calls alternating between the two sides.
+    """
+    from ssmhub.ops.short_conv import causal_depthwise_conv
+
+    gen = torch.Generator().manual_seed(args.seed)
+    shape = (DEFAULT_CHUNK_SIZE, args.batch, args.state, args.channels)
+    log_decay = -torch.rand(shape, generator=gen) * 4  # Δ·A in [−4, 0]
+    log2_decay = log_decay * math.log2(math.e)
+    out = torch.empty(shape)
+    exact = torch.exp(log_decay.double())
+    rel = {
+        "exp": ((torch.exp(log_decay).double() - exact).abs() / exact).max().item(),
+        "exp2": ((torch.exp2(log2_decay).double() - exact).abs() / exact).max().item(),
+    }
+    seq_len, taps = 256, 4
+    xz = torch.randn(args.batch, seq_len, 2 * args.channels, generator=gen)  # an in_proj output
+    weight = torch.randn(args.channels, taps, generator=gen, requires_grad=True)
+    bias = torch.randn(args.channels, generator=gen, requires_grad=True)
+    other = torch.randn(args.batch, seq_len, args.channels, generator=gen)
+
+    def conv1d_path():
+        u = xz[..., : args.channels].detach().requires_grad_()
+        stream = F.pad(u.transpose(1, 2), (taps - 1, 0))  # (Bt, E, k − 1 + T)
+        y = F.silu(F.conv1d(stream, weight.unsqueeze(1), bias, groups=args.channels)).transpose(1, 2)
+        (y * other).sum().backward()
+
+    def short_conv_path():
+        u = xz[..., : args.channels].detach().requires_grad_()
+        y = F.silu(causal_depthwise_conv(u, weight, bias))
+        (y * other).sum().backward()
+
+    cases = {
+        "exp": (lambda: torch.exp(log_decay, out=out), lambda: torch.exp2(log2_decay, out=out)),
+        "conv": (conv1d_path, short_conv_path),
+    }
+    times = {name: ([], []) for name in cases}
+    for _ in range(repeats):
+        for name, (peer, ours) in cases.items():
+            for fn, bucket in ((peer, times[name][0]), (ours, times[name][1])):
+                start = time.perf_counter()
+                fn()
+                bucket.append(time.perf_counter() - start)
+    rows = []
+    for name, label_peer, label_ours, accuracy in (
+        (
+            "exp",
+            "torch.exp(Δ·A)",
+            "torch.exp2(Δ·A·log₂e)",
+            f"max rel. error vs float64 exp: exp {rel['exp']:.1e}, exp2 {rel['exp2']:.1e}",
+        ),
+        (
+            "conv",
+            "F.conv1d in (Bt, E, T) + transposes",
+            "causal_depthwise_conv in (Bt, T, E)",
+            "equal to conv1d in tests/ops/test_short_conv.py (1e-12, float64)",
+        ),
+    ):
+        peer_ms, ours_ms = 1e3 * median(times[name][0]), 1e3 * median(times[name][1])
+        rows.append([label_peer, f"{peer_ms:.3f}", label_ours, f"{ours_ms:.3f}", f"{peer_ms / ours_ms:.1f}×", accuracy])
+    return markdown_table(["PyTorch op", "ms", "ssmhub's choice", "ms", "speed-up", "accuracy"], rows)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
@@ -361,6 +431,7 @@ def main(argv=None) -> int:
             )
             print("  alt " + " | ".join(str(c) for c in alt_rows[-1]), flush=True)
     extreme = extreme_decay_check(args)
+    kernels = kernel_choices(args)
 
     table = markdown_table(
         [
@@ -437,9 +508,13 @@ def main(argv=None) -> int:
         + "; ".join(f"{k}: {v}" for k, v in extreme.items())
         + ".",
         "## Agreement (batch 1, forward, float32)\n\n" + agree,
+        f"## Kernel choices (Bt = {args.batch}, E = {args.channels}, N = {args.state}; medians of 21 alternating calls)"
+        "\n\nThe decay of one chunk buffer (C = "
+        f"{DEFAULT_CHUNK_SIZE}, Bt, N, E) and the Mamba mixer's short convolution + SiLU (forward + backward, "
+        "T = 256):\n\n" + kernels,
     ]
     print()
-    for block in (table, memory, sweep, alt_table, agree):
+    for block in (table, memory, sweep, alt_table, agree, kernels):
         print(block + "\n")
     print(extreme)
     if not args.no_write:

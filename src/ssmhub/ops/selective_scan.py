@@ -28,6 +28,8 @@ See :func:`selective_scan` for the algorithm and why it beats time-parallel form
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -197,18 +199,30 @@ class _Workspace:
         self.h_steps, self.a_steps, self.u_steps = self.h.unbind(0), self.a.unbind(0), self.u.unbind(0)
         self.g_steps = self.g.unbind(0) if adjoint else ()
 
-    def states(self, length: int, d_c: torch.Tensor, du_c: torch.Tensor, A_t: torch.Tensor, b_c: torch.Tensor):
+    def states(self, length: int, d_c: torch.Tensor, du_c: torch.Tensor, A2_t: torch.Tensor, b_c: torch.Tensor):
         """Fill h[1..L] from h[0]: ``h[j+1] = Ā_j·h[j] + B̄_j x_j`` for the chunk's L steps.
 
-        d_c, du_c: (L, Bt, E) Δ and Δ·x; A_t: (N, E) = Aᵀ; b_c: (L, Bt, N). The discretisation is two
-        vectorised passes over the chunk; only the multiply-add is stepped (one fused addcmul per step).
+        d_c, du_c: (L, Bt, E) Δ and Δ·x; A2_t: (N, E) = Aᵀ·log₂e; b_c: (L, Bt, N). The discretisation is
+        two vectorised passes over the chunk; only the multiply-add is stepped (one fused addcmul per step).
+        ``Ā = exp(Δ·A)`` is evaluated as ``exp2(Δ·A·log₂e)``: the same value to a few float32 ulps, and
+        PyTorch's CPU exp2 runs ≈3× faster than its exp (benchmarks/results/selective_scan.md, "Kernel choices").
         """
         a, u = self.a[:length], self.u[:length]  # (L, Bt, N, E) each
-        torch.mul(d_c.unsqueeze(2), A_t, out=a).exp_()  # Ā = exp(Δ·A) ∈ [0, 1]: never a positive exponent
+        torch.mul(d_c.unsqueeze(2), A2_t, out=a).exp2_()  # Ā = exp(Δ·A) ∈ [0, 1]: never a positive exponent
         torch.mul(du_c.unsqueeze(2), b_c.unsqueeze(-1), out=u)  # B̄x = (Δ·x)·B
         h, a_s, u_s = self.h_steps, self.a_steps, self.u_steps
         for j in range(length):
             torch.addcmul(u_s[j], a_s[j], h[j], out=h[j + 1])  # (Bt, N, E)
+
+    def readout(self, length: int, c_c: torch.Tensor, x_c: torch.Tensor, D: torch.Tensor | None) -> torch.Tensor:
+        """``C_t·h_t + D·x_t`` for the chunk's states h[1..L]: c_c (L, Bt, N), x_c (L, Bt, E) -> (L, Bt, E)."""
+        y_c = torch.matmul(c_c.unsqueeze(2), self.h[1 : length + 1]).squeeze(2)  # (L, Bt, E): Σ_n C_t[n]·h_t[n, e]
+        return y_c if D is None else y_c.addcmul_(x_c, D)
+
+
+def _log2_decay_rates(A: torch.Tensor) -> torch.Tensor:
+    """(E, N) A -> (N, E) ``Aᵀ·log₂e``, so that ``exp(Δ·A) = exp2(Δ·Aᵀ·log₂e)``."""
+    return (A.t() * math.log2(math.e)).contiguous()
 
 
 def _time_major(t: torch.Tensor, s: int, e: int) -> torch.Tensor:
@@ -217,21 +231,23 @@ def _time_major(t: torch.Tensor, s: int, e: int) -> torch.Tensor:
 
 
 class _SelectiveScanFn(torch.autograd.Function):
-    """``y_t = Σ_n C_t[n]·h_t`` and the final state of ``h_t = exp(Δ_t·A)·h_{t-1} + Δ_t·x_t·B_t``, by chunks.
+    """``y_t = (Σ_n C_t[n]·h_t + D·x_t)·silu(z_t)`` and the final state of ``h_t = exp(Δ_t·A)·h_{t-1} + Δ_t·x_t·B_t``.
 
     Inputs as in :func:`selective_scan`, already in the compute dtype: x, delta (Bt, T, E); A (E, N);
-    B, C (Bt, T, N); h0 (Bt, E, N). Returns y (Bt, T, E) without D and gate, and the final state (Bt, E, N).
-    Saves only the inputs and the state before each chunk, (nC, Bt, N, E); the backward recomputes each
-    chunk's states from it (same ops, so bit-identical) and runs the adjoint recurrence backwards.
+    B, C (Bt, T, N); D (E,) or None; z (Bt, T, E) or None; h0 (Bt, E, N). Returns y (Bt, T, E) and the
+    final state (Bt, E, N). The skip and the gate are applied chunk by chunk while the chunk is in cache,
+    so no (Bt, T, E) temporary is made for them. Saves only the inputs and the state before each chunk,
+    (nC, Bt, N, E); the backward recomputes each chunk's states from it (same ops, so bit-identical) and
+    runs the adjoint recurrence backwards.
     """
 
     @staticmethod
-    def forward(ctx, x, delta, A, B, C, h0, chunk_size, save_starts):
+    def forward(ctx, x, delta, A, B, C, D, z, h0, chunk_size, save_starts):
         batch, seq_len, channels = x.shape
         state_size = A.shape[1]
         chunk = min(chunk_size, seq_len)
         n_chunks = -(-seq_len // chunk)
-        A_t = A.t().contiguous()  # (N, E)
+        A2_t = _log2_decay_rates(A)  # (N, E)
         du = delta * x  # (Bt, T, E): Δ·x
         y = x.new_empty(batch, seq_len, channels)  # (Bt, T, E)
         starts = x.new_empty(n_chunks if save_starts else 0, batch, state_size, channels)  # (nC, Bt, N, E)
@@ -242,32 +258,39 @@ class _SelectiveScanFn(torch.autograd.Function):
             length = e - s
             if save_starts:
                 starts[k] = ws.h[0]
-            c_c = _time_major(C, s, e)  # (L, Bt, N)
-            ws.states(length, _time_major(delta, s, e), _time_major(du, s, e), A_t, _time_major(B, s, e))
-            y_c = torch.matmul(c_c.unsqueeze(2), ws.h[1 : length + 1])  # (L, Bt, 1, E): Σ_n C_t[n]·h_t[n, e]
-            _time_major(y, s, e).copy_(y_c.squeeze(2))
+            ws.states(length, _time_major(delta, s, e), _time_major(du, s, e), A2_t, _time_major(B, s, e))
+            y_c = ws.readout(length, _time_major(C, s, e), _time_major(x, s, e), D)  # (L, Bt, E)
+            if z is not None:
+                y_c.mul_(F.silu(_time_major(z, s, e)))
+            _time_major(y, s, e).copy_(y_c)
             ws.h[0] = ws.h[length]
         final = ws.h[0].transpose(1, 2).contiguous()  # (Bt, E, N)
         if save_starts:
-            ctx.save_for_backward(x, delta, A, B, C, starts)
+            ctx.save_for_backward(x, delta, A, B, C, D, z, starts)
             ctx.chunk = chunk
         return y, final
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, gy, g_final):
-        """Adjoint recurrence ``g_t = gy_t·C_t + Ā_{t+1}·g_{t+1}`` (g = dL/dh_t), chunk by chunk from the end.
+    def backward(ctx, grad_out, g_final):
+        """Gate and skip per chunk, then the adjoint recurrence ``g_t = gy_t·C_t + Ā_{t+1}·g_{t+1}``
+        (g = dL/dh_t, gy = dL/d(C·h)), chunk by chunk from the end.
 
-        With ``w_t = g_t·Ā_t·h_{t-1}`` (the gradient reaching Δ_t·A): dΔ_t = Σ_n w·A + x_t·Σ_n g·B_t,
-        dx_t = Δ_t·Σ_n g·B_t, dB_t = Σ_e g·Δ_t·x_t, dC_t = Σ_e gy_t·h_t, dA = Σ_{t,b} w·Δ_t, dh0 = Ā_0·g_0.
+        Gate: with ``p = C·h + D·x`` and σ = sigmoid(z), dp = dy·silu(z), dz = dy·p·σ·(1 + z·(1 − σ)),
+        dD = Σ dp·x, and dp also reaches x through D. With ``w_t = g_t·Ā_t·h_{t-1}`` (the gradient
+        reaching Δ_t·A): dΔ_t = Σ_n w·A + x_t·Σ_n g·B_t, dx_t = Δ_t·Σ_n g·B_t (+ D·dp_t),
+        dB_t = Σ_e g·Δ_t·x_t, dC_t = Σ_e gy_t·h_t, dA = Σ_{t,b} w·Δ_t, dh0 = Ā_0·g_0.
         """
-        x, delta, A, B, C, starts = ctx.saved_tensors
+        x, delta, A, B, C, D, z, starts = ctx.saved_tensors
         chunk = ctx.chunk
         seq_len, state_size = x.shape[1], A.shape[1]
         A_t = A.t().contiguous()  # (N, E)
+        A2_t = _log2_decay_rates(A)  # (N, E)
         du = delta * x  # (Bt, T, E)
         gx, gdelta = torch.empty_like(x), torch.empty_like(delta)  # (Bt, T, E)
         gB, gC = torch.empty_like(B), torch.empty_like(C)  # (Bt, T, N)
+        gz = torch.empty_like(z) if z is not None else None  # (Bt, T, E)
+        gD = torch.zeros_like(D) if D is not None else None  # (E,)
         gA_t = torch.zeros_like(A_t)  # (N, E)
         ws = _Workspace(x, chunk, state_size, adjoint=True)
         carry = g_final.transpose(1, 2).contiguous()  # (Bt, N, E): dL/dh at the chunk's last step from later
@@ -276,9 +299,19 @@ class _SelectiveScanFn(torch.autograd.Function):
             e = min(s + chunk, seq_len)
             length = e - s
             d_c, du_c, x_c = _time_major(delta, s, e), _time_major(du, s, e), _time_major(x, s, e)  # (L, Bt, E)
-            b_c, c_c, gy_c = _time_major(B, s, e), _time_major(C, s, e), _time_major(gy, s, e)  # (L, Bt, N|N|E)
+            b_c, c_c = _time_major(B, s, e), _time_major(C, s, e)  # (L, Bt, N)
             ws.h[0] = starts[k]
-            ws.states(length, d_c, du_c, A_t, b_c)
+            ws.states(length, d_c, du_c, A2_t, b_c)
+            gy_c = _time_major(grad_out, s, e)  # (L, Bt, E): dL/dy
+            if z is not None:  # through the gate: gy_c becomes dL/dp
+                z_c = _time_major(z, s, e)
+                sig = torch.sigmoid(z_c)  # (L, Bt, E)
+                p = ws.readout(length, c_c, x_c, D)  # (L, Bt, E): C·h + D·x, recomputed
+                dsilu = (1 - sig).mul_(z_c).add_(1).mul_(sig)  # silu'(z) = σ·(1 + z·(1 − σ))
+                _time_major(gz, s, e).copy_(p.mul_(gy_c).mul_(dsilu))
+                gy_c = sig.mul_(z_c).mul_(gy_c)  # dL/dp = dL/dy·silu(z)
+            if D is not None:
+                gD += (gy_c * x_c).sum((0, 1))
             a, u, g = ws.a[:length], ws.u[:length], ws.g[:length]  # (L, Bt, N, E) each
             h_prev, h = ws.h[:length], ws.h[1 : length + 1]  # (L, Bt, N, E) each: h_{t-1}, h_t
             torch.mul(gy_c.unsqueeze(2), c_c.unsqueeze(-1), out=g)  # direct dL/dh_t = gy_t[e]·C_t[n]
@@ -290,12 +323,14 @@ class _SelectiveScanFn(torch.autograd.Function):
             _time_major(gC, s, e).copy_(torch.mul(h, gy_c.unsqueeze(2), out=u).sum(-1))  # (L, Bt, N): Σ_e gy·h
             _time_major(gB, s, e).copy_(torch.mul(g, du_c.unsqueeze(2), out=u).sum(-1))  # (L, Bt, N): Σ_e g·Δx
             g_b = torch.matmul(b_c.unsqueeze(2), g).squeeze(2)  # (L, Bt, E): Σ_n B_t[n]·g_t[n, e]
-            torch.mul(g_b, d_c, out=_time_major(gx, s, e))
+            gx_c = torch.mul(g_b, d_c, out=_time_major(gx, s, e))
+            if D is not None:
+                gx_c.addcmul_(gy_c, D)
             w = torch.mul(g, a, out=u).mul_(h_prev)  # (L, Bt, N, E): g·Ā·h_{t-1} = dL/d(Δ·A)
             g_d = torch.mul(w, A_t, out=a).sum(2).addcmul_(g_b, x_c)  # (L, Bt, E): Σ_n w·A + x·Σ_n g·B
             _time_major(gdelta, s, e).copy_(g_d)
             gA_t += w.mul_(d_c.unsqueeze(2)).sum((0, 1))  # (N, E): Σ w·Δ
-        return gx, gdelta, gA_t.t(), gB, gC, carry.transpose(1, 2), None, None
+        return gx, gdelta, gA_t.t(), gB, gC, gD, gz, carry.transpose(1, 2), None, None
 
 
 @float32_math
@@ -353,8 +388,8 @@ def selective_scan(
     dtype = _compute_dtype(x, delta, A, B, C, D, z, initial_state)
     xc = x.to(dtype)
     h0 = xc.new_zeros(batch, channels, state_size) if initial_state is None else initial_state.to(dtype)
-    inputs = (xc, delta.to(dtype), A.to(dtype), B.to(dtype), C.to(dtype), h0)
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    D_c, z_c = (None if D is None else D.to(dtype)), (None if z is None else z.to(dtype))
+    inputs = (xc, delta.to(dtype), A.to(dtype), B.to(dtype), C.to(dtype), D_c, z_c, h0)
+    save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
     y, final = _SelectiveScanFn.apply(*inputs, chunk_size, save)  # (Bt, T, E), (Bt, E, N)
-    y = _skip_and_gate(y, xc, D, z, dtype).to(x.dtype)  # (Bt, T, E)
-    return y, (final if return_final_state else None)
+    return y.to(x.dtype), (final if return_final_state else None)

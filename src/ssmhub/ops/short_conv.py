@@ -1,0 +1,96 @@
+"""Causal depthwise short convolution over time in the (batch, time, channels) layout, with its own backward.
+
+Mamba's mixer (Gu & Dao 2023, arXiv 2312.00752 §3.4, Fig. 3) filters every inner channel with a causal
+depthwise convolution of ``k`` taps (k = 4) before the selective scan:
+
+    ``y[b, t, e] = bias[e] + Σ_{j<k} w[e, j] · x̃[b, t + j, e]``,  ``x̃ = [history ; x]`` along time,
+
+where ``history`` (B, k − 1, E) holds the k − 1 inputs before ``x`` (zeros at the start of a sequence, the
+cached window when a forward continues from a decode state), so tap ``k − 1`` meets the newest input. This
+is ``F.conv1d`` with ``groups = E`` on the transposed input (the oracle in the tests), but computed as k
+shifted multiply-adds on (B, T, E) tensors: the projections around it produce and consume (B, T, E), and
+going through ``conv1d``'s (B, E, T) layout costs two transposed copies per direction plus strided
+elementwise ops on everything downstream (benchmarks/results/selective_scan.md, "Kernel choices").
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["causal_depthwise_conv"]
+
+
+class _CausalDepthwiseConvFn(torch.autograd.Function):
+    """y = bias + Σ_j w[:, j]·x̃[:, j : j + T] on x̃ = [history ; x] (B, k − 1 + T, E); w (E, k)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, history):
+        taps = weight.shape[1]
+        seq_len = x.shape[1]
+        padded = torch.cat([history, x], dim=1)  # (B, k − 1 + T, E)
+        w_t = weight.t()  # (k, E): row j is tap j of every channel
+        y = torch.mul(padded[:, taps - 1 :], w_t[taps - 1])  # (B, T, E): the newest tap
+        if bias is not None:
+            y += bias
+        for j in range(taps - 1):
+            y.addcmul_(padded[:, j : j + seq_len], w_t[j])
+        ctx.save_for_backward(padded, weight)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y):
+        """dL/dx̃[:, s] = Σ_j w[:, j]·dL/dy[:, s − j];  dL/dw[:, j] = Σ_{b,t} dL/dy[:, t]·x̃[:, t + j];
+        dL/dbias = Σ_{b,t} dL/dy[:, t]."""
+        padded, weight = ctx.saved_tensors
+        taps, seq_len = weight.shape[1], grad_y.shape[1]
+        grad_y = grad_y.contiguous()  # (B, T, E)
+        w_t = weight.t()  # (k, E)
+        scratch = torch.empty_like(grad_y)  # (B, T, E), reused by every tap
+        grad_weight = torch.empty_like(weight)  # (E, k)
+        for j in range(taps):
+            torch.mul(grad_y, padded[:, j : j + seq_len], out=scratch)  # the inputs tap j met, times dL/dy
+            grad_weight[:, j] = scratch.sum((0, 1))
+        grad_bias = grad_y.sum((0, 1)) if ctx.has_bias else None
+        grad_x = torch.mul(grad_y, w_t[taps - 1])  # (B, T, E): x[:, t] meets y[:, t + s] through tap k − 1 − s
+        for shift in range(1, min(taps, seq_len + 1)):
+            if shift < seq_len:
+                grad_x[:, : seq_len - shift].addcmul_(grad_y[:, shift:], w_t[taps - 1 - shift])
+        grad_history = None
+        if ctx.needs_input_grad[3]:  # x̃[:, i] = history[:, i] meets y[:, t] through tap i − t (t ≤ i)
+            grad_history = torch.zeros_like(padded[:, : taps - 1])  # (B, k − 1, E)
+            for i in range(taps - 1):
+                for t in range(min(seq_len, i + 1)):
+                    grad_history[:, i].addcmul_(grad_y[:, t], w_t[i - t])
+        return grad_x, grad_weight, grad_bias, grad_history
+
+
+def causal_depthwise_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, history: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Causal depthwise convolution of ``x`` (B, T, E) with ``weight`` (E, k) and optional ``bias`` (E,).
+
+    ``history`` (B, k − 1, E), oldest first, holds the inputs before ``x`` (None: zeros, a sequence
+    start). Returns y (B, T, E) in x's dtype with ``y[:, t] = bias + Σ_j weight[:, j]·x̃[:, t + j]`` on
+    ``x̃ = [history ; x]``: tap k − 1 multiplies the current input, tap 0 the input k − 1 steps back, as
+    ``torch.nn.Conv1d(E, E, k, groups=E)`` applied to ``x̃`` transposed to (B, E, ·). Differentiable in
+    x, weight, bias and history.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (B, T, E); got {tuple(x.shape)}")
+    batch, _, channels = x.shape
+    if weight.dim() != 2 or weight.shape[0] != channels:
+        raise ValueError(f"weight must have shape (E, k) with E = {channels}; got {tuple(weight.shape)}")
+    taps = weight.shape[1]
+    if bias is not None and tuple(bias.shape) != (channels,):
+        raise ValueError(f"bias must have shape (E,) = {(channels,)}; got {tuple(bias.shape)}")
+    if history is None:
+        history = x.new_zeros(batch, taps - 1, channels)
+    elif tuple(history.shape) != (batch, taps - 1, channels):
+        expected = (batch, taps - 1, channels)
+        raise ValueError(f"history must have shape (B, k − 1, E) = {expected}; got {tuple(history.shape)}")
+    dtype = x.dtype
+    weight = weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    return _CausalDepthwiseConvFn.apply(x, weight, bias, history.to(dtype))

@@ -1,0 +1,69 @@
+"""causal_depthwise_conv against its oracle, torch.nn.functional.conv1d with groups = E on [history ; x]."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ssmhub.ops.short_conv import causal_depthwise_conv
+
+
+def _oracle(x, weight, bias, history):
+    """F.conv1d (groups = E, no padding) over [history ; x] in the (B, E, T) layout, back to (B, T, E)."""
+    padded = torch.cat([history, x], dim=1).transpose(1, 2)  # (B, E, k − 1 + T)
+    return F.conv1d(padded, weight.unsqueeze(1), bias, groups=x.shape[-1]).transpose(1, 2)
+
+
+def _inputs(batch, seq_len, channels, taps, seed, with_bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq_len, channels, generator=g, dtype=torch.float64)
+    weight = torch.randn(channels, taps, generator=g, dtype=torch.float64)
+    bias = torch.randn(channels, generator=g, dtype=torch.float64) if with_bias else None
+    history = torch.randn(batch, taps - 1, channels, generator=g, dtype=torch.float64)
+    return x, weight, bias, history
+
+
+@pytest.mark.parametrize(
+    "seq_len,taps,with_bias",
+    [(1, 4, True), (2, 4, True), (3, 4, False), (17, 4, True), (9, 1, True), (5, 2, False), (6, 7, True)],
+)
+def test_matches_conv1d_values_and_gradients(seq_len, taps, with_bias):
+    """Outputs and the gradients of x, weight, bias and history equal conv1d's (float64, shorter and longer
+    sequences than the kernel, one tap, no bias)."""
+    inputs = _inputs(2, seq_len, 3, taps, seed=seq_len * 10 + taps, with_bias=with_bias)
+    ours_in = [t.clone().requires_grad_() if t is not None else None for t in inputs]
+    ref_in = [t.clone().requires_grad_() if t is not None else None for t in inputs]
+    y = causal_depthwise_conv(*ours_in)
+    y_ref = _oracle(*ref_in)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y.backward(grad)
+    y_ref.backward(grad)
+    for name, ours, ref in zip(("x", "weight", "bias", "history"), ours_in, ref_in):
+        if ref is not None:
+            torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-12, atol=1e-12, msg=f"gradient of {name}")
+
+
+def test_no_history_means_zeros_and_split_equals_whole():
+    """history=None is a zero history; a sequence convolved in two pieces (the second with the first's last
+    k − 1 inputs as history) equals the sequence convolved whole: the decode-state contract."""
+    x, weight, bias, _ = _inputs(2, 12, 5, 4, seed=3)
+    whole = causal_depthwise_conv(x, weight, bias)
+    torch.testing.assert_close(whole, _oracle(x, weight, bias, x.new_zeros(2, 3, 5)), rtol=1e-12, atol=1e-12)
+    first = causal_depthwise_conv(x[:, :7], weight, bias)
+    second = causal_depthwise_conv(x[:, 7:], weight, bias, history=x[:, 4:7])
+    torch.testing.assert_close(torch.cat([first, second], dim=1), whole, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_and_bad_shapes():
+    x, weight, bias, history = (t.float() for t in _inputs(1, 5, 4, 4, seed=4))
+    y = causal_depthwise_conv(x, weight, bias, history)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, _oracle(x, weight, bias, history))
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, E\)"):
+        causal_depthwise_conv(x[0], weight)
+    with pytest.raises(ValueError, match=r"weight must have shape \(E, k\) with E = 4"):
+        causal_depthwise_conv(x, weight[:3])
+    with pytest.raises(ValueError, match=r"bias must have shape \(E,\)"):
+        causal_depthwise_conv(x, weight, bias[:2])
+    with pytest.raises(ValueError, match=r"history must have shape \(B, k − 1, E\)"):
+        causal_depthwise_conv(x, weight, bias, history[:, :2])
