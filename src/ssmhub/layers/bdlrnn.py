@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..ops.block_scan import block_scan, block_scan_ref, block_step
+from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
 
 __all__ = ["BDLRNNMixer", "normalize_blocks"]
@@ -75,11 +76,11 @@ def normalize_blocks(G: torch.Tensor, p: float, mode: str = "code", eps: float =
         G = G.float()
     if mode == "code":
         G = G - G.mean(dim=-2, keepdim=True)  # centre each column over its rows
-        column_norms = torch.linalg.vector_norm(G, ord=p, dim=-2)  # (..., b): ‖G[:, j]‖_p
+        column_norms = vector_p_norm(G, p, dim=-2)  # (..., b): ‖G[:, j]‖_p
         scale = column_norms.amax(dim=-1)[..., None, None]  # (..., 1, 1): largest column p-norm of the block
         return G / (scale + eps) if eps else G / scale
     if mode == "paper":
-        column_norms = torch.linalg.vector_norm(G, ord=p, dim=-2, keepdim=True)  # (..., 1, b)
+        column_norms = vector_p_norm(G, p, dim=-2, keepdim=True)  # (..., 1, b)
         return G / column_norms.clamp_min(1.0)  # v / max(1, ‖v‖_p), Eq. 6
     raise ValueError(f"norm_mode must be one of {NORM_MODES}; got {mode!r}")
 

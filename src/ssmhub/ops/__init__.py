@@ -25,6 +25,7 @@ from .modal import (
     modal_scan_ref,
     modal_step,
 )
+from .pnorm import vector_p_norm
 from .resampling import (
     ResamplingEmission,
     ResamplingState,
@@ -43,6 +44,7 @@ from .resampling import (
     resampling_times,
 )
 from .selective_scan import selective_scan, selective_scan_ref, selective_step
+from .short_conv import causal_depthwise_conv
 from .triton import triton_conv
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "causal_conv",
     "causal_conv_ref",
     "causal_conv_step",
+    "causal_depthwise_conv",
     "causal_windows",
     "dlr_init",
     "dlr_kernel",
@@ -102,4 +105,5 @@ __all__ = [
     "smooth_kernel_frequency",
     "squash_kernel",
     "triton_conv",
+    "vector_p_norm",
 ]
