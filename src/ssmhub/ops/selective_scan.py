@@ -18,7 +18,8 @@ unchanged and add nothing (``Ā = 1``, ``B̄ = 0``), which is how padding is exp
 
 Numerics. Every function computes with autocast off, in float32 (float64 if an input is float64), so the
 decay ``exp(Δ·A) ∈ [0, 1]`` is never rounded to 1 in half precision. :func:`selective_scan` evaluates the
-same per-step products as the loop (``exp(Δ_t·A)`` of a non-positive number, then ``Ā·h + B̄·x``) and never
+same per-step products as the loop (``exp(Δ_t·A)`` of a non-positive number, computed as ``exp2(Δ_t·A·log₂e)``,
+then ``Ā·h + B̄·x``) and never
 the ``exp(-cumsum(Δ·A))`` factorisation of ``Π_{s<r≤t} Ā_r``, whose ``exp(-S)`` factor overflows once the
 log-decay inside a chunk passes ≈ −88 in float32 (≈ −176 with re-centring, ≈ −709 even with a float64
 exponent). No exponent here is ever positive, so any Δ ≥ 0 with A ≤ 0 is safe: a decay that underflows to 0
@@ -364,16 +365,17 @@ def selective_scan(
 
     Algorithm (a custom autograd Function; same values as :func:`selective_scan_ref` up to rounding order).
     The sequence is cut into chunks of ``chunk_size`` steps; the state is carried from chunk to chunk.
-    Within a chunk the discretisation ``Ā = exp(Δ·A)`` and ``B̄x = Δ·x·B`` is one vectorised pass each over
-    (C, Bt, N, E) (states are held N-major inside, so the readout ``y = C·h`` is one batched (1, N)·(N, E)
-    matmul), and only the multiply-add ``h_t = Ā_t·h_{t-1} + B̄_t x_t`` is stepped, as a single fused
-    ``addcmul`` per step on (Bt, N, E) writing into a chunk buffer that is reused (it stays in cache). The
-    forward saves just the inputs and the state before each chunk (nC·Bt·E·N numbers; no (Bt, T, E, N)
-    tensor is kept). The backward
-    walks the chunks from the end: it recomputes the chunk's states from the saved start (bit-identical),
-    runs the adjoint recurrence ``g_t = C_t·gy_t + Ā_{t+1}·g_{t+1}`` the same way (one addcmul per step),
-    and forms every parameter gradient of the chunk with batched matmuls and reductions. Memory is
-    O(T·Bt·E·N / chunk_size + chunk_size·Bt·E·N) and time is linear in T.
+    Within a chunk the discretisation ``Ā = exp(Δ·A)`` (as ``exp2``, see :class:`_Workspace`) and
+    ``B̄x = Δ·x·B`` is one vectorised pass each over (C, Bt, N, E) (states are held N-major inside, so the
+    readout ``y = C·h`` is one batched (1, N)·(N, E) matmul), and only the multiply-add
+    ``h_t = Ā_t·h_{t-1} + B̄_t x_t`` is stepped, as a single fused ``addcmul`` per step on (Bt, N, E) writing
+    into a chunk buffer that is reused (it stays in cache). The D skip and the gate are applied to the
+    chunk's readout while it is in cache. The forward saves just the inputs and the state before each
+    chunk (nC·Bt·E·N numbers; no (Bt, T, E, N) tensor is kept). The backward walks the chunks from the end:
+    it recomputes the chunk's states from the saved start (bit-identical), takes the gate and skip
+    gradients, runs the adjoint recurrence ``g_t = C_t·gy_t + Ā_{t+1}·g_{t+1}`` the same way (one addcmul
+    per step), and forms every parameter gradient of the chunk with batched matmuls and reductions. Memory
+    is O(T·Bt·E·N / chunk_size + chunk_size·Bt·E·N) and time is linear in T.
 
     Why not a time-parallel (cumsum / log-depth) scan inside chunks: on CPU those read and write the
     (Bt, T, E, N) state several more times (cumsum + two exps, or log₂C passes), and the scan is memory-bound,
