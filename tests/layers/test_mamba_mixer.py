@@ -52,6 +52,14 @@ def test_continuation_and_steps_equal_the_whole_sequence(scan):
             y_t, state = mixer.step(x[:, t], state)
             steps.append(y_t)
         torch.testing.assert_close(torch.stack(steps, 1), whole, rtol=1e-5, atol=1e-6)
+        # pieces shorter than the convolution's k − 1 = 3 inputs: the window mixes old and new inputs
+        state, pieces = None, []
+        for start, stop in ((0, 2), (2, 4), (4, 5), (5, 23)):
+            piece, state = mixer(x[:, start:stop], state=state, return_state=True)
+            pieces.append(piece)
+        torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-5, atol=1e-6)
+        for name in whole_state:
+            torch.testing.assert_close(state[name], whole_state[name], rtol=1e-5, atol=1e-6)
 
 
 def test_sequential_and_chunked_scans_agree():

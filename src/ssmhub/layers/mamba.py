@@ -262,7 +262,7 @@ class MambaMixer(nn.Module):
                 return y_t.unsqueeze(1), (new_state if return_state else None)
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
         history = None if state is None else state["conv_state"].transpose(1, 2)  # (B, k − 1, E), oldest first
-        u_in = u
+        conv_inputs = u
         u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history))  # (B, L, E)
         if mask is not None:  # the conv bias made masked positions nonzero again
             u = u * mask.unsqueeze(-1).to(u.dtype)
@@ -282,7 +282,7 @@ class MambaMixer(nn.Module):
         out = self.out_proj(y.to(x.dtype))
         if not return_state:
             return out, None
-        conv_final = self._conv_window(state, u_in)  # (B, E, k − 1)
+        conv_final = self._conv_window(state, conv_inputs)  # (B, E, k − 1)
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
     def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
