@@ -225,15 +225,6 @@ class MambaMixer(nn.Module):
     def _conv_taps(self) -> torch.Tensor:
         return self.conv1d.weight[:, 0, :]  # (E, k): tap k − 1 meets the newest input
 
-    def _conv_window(self, state: dict[str, torch.Tensor] | None, u: torch.Tensor) -> torch.Tensor:
-        """The last k − 1 convolution inputs after u (B, L, E), oldest first, as float32 (B, E, k − 1)."""
-        keep = self.conv_kernel - 1
-        recent = u[:, max(0, u.shape[1] - keep) :].transpose(1, 2).float()  # (B, E, ≤ k − 1)
-        if recent.shape[-1] < keep:  # fewer new inputs than taps: the rest comes from before
-            before = self.init_state(u.shape[0], u.device)["conv_state"] if state is None else state["conv_state"]
-            recent = torch.cat([before.float(), recent], dim=-1)[..., -keep:]
-        return recent.contiguous()
-
     # ----------------------------------------------------------------------------- forward
     def forward(
         self,
@@ -261,7 +252,8 @@ class MambaMixer(nn.Module):
                 y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
                 return y_t.unsqueeze(1), (new_state if return_state else None)
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
-        history = None if state is None else state["conv_state"].transpose(1, 2)  # (B, k − 1, E), oldest first
+        conv_state = self.init_state(batch, x.device)["conv_state"] if state is None else state["conv_state"]
+        history = conv_state.transpose(1, 2).to(u.dtype)  # (B, k − 1, E): the inputs before u, oldest first
         conv_inputs = u
         u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history))  # (B, L, E)
         if mask is not None:  # the conv bias made masked positions nonzero again
@@ -282,7 +274,9 @@ class MambaMixer(nn.Module):
         out = self.out_proj(y.to(x.dtype))
         if not return_state:
             return out, None
-        conv_final = self._conv_window(state, conv_inputs)  # (B, E, k − 1)
+        keep = self.conv_kernel - 1
+        stream = torch.cat([history, conv_inputs[:, max(0, seq_len - keep) :]], dim=1)  # (B, ≤ 2(k − 1), E)
+        conv_final = stream[:, stream.shape[1] - keep :].transpose(1, 2).float().contiguous()  # (B, E, k − 1)
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
     def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
