@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops.block_norm import normalize_by_largest_column
 from ..ops.block_scan import block_scan, block_scan_ref, block_step
 from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
@@ -74,11 +75,8 @@ def normalize_blocks(G: torch.Tensor, p: float, mode: str = "code", eps: float =
     """
     if G.dtype in (torch.float16, torch.bfloat16):
         G = G.float()
-    if mode == "code":
-        G = G - G.mean(dim=-2, keepdim=True)  # centre each column over its rows
-        column_norms = vector_p_norm(G, p, dim=-2)  # (..., b): ‖G[:, j]‖_p
-        scale = column_norms.amax(dim=-1)[..., None, None]  # (..., 1, 1): largest column p-norm of the block
-        return G / (scale + eps) if eps else G / scale
+    if mode == "code":  # centre each column, divide by the largest column p-norm (fused backward)
+        return normalize_by_largest_column(G, p, eps)
     if mode == "paper":
         column_norms = vector_p_norm(G, p, dim=-2, keepdim=True)  # (..., 1, b)
         return G / column_norms.clamp_min(1.0)  # v / max(1, ‖v‖_p), Eq. 6
