@@ -3,31 +3,42 @@
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["append_jsonl", "read_jsonl", "write_json_atomic", "write_text_atomic"]
+__all__ = ["append_jsonl", "atomic_path", "read_jsonl", "write_json_atomic", "write_text_atomic"]
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
-    """Write ``text`` to ``path`` (creating its folder) through a temporary file in the same folder.
+@contextmanager
+def atomic_path(path: str | os.PathLike, mode: int = 0o644) -> Iterator[Path]:
+    """Yield a temporary path next to ``path`` (creating the folder); on success it becomes ``path``.
 
-    The file gets permissions ``mode`` (``mkstemp`` alone would leave it readable by its owner only).
+    Whatever the body writes to the temporary path is fsynced, given permissions ``mode`` (``mkstemp``
+    alone would leave it readable by its owner only) and renamed over ``path``; if the body raises,
+    the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
+    """Write ``text`` to ``path`` (creating its folder) through a temporary file in the same folder."""
+    with atomic_path(path, mode) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, value: Any, sort_keys: bool = False) -> Path:

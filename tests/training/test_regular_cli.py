@@ -79,3 +79,48 @@ def test_bad_input_is_one_clear_error(args, message, capsys):
     assert main([*args, "--test_sequences", "4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ssmhub-regular: error:") and message in err
+
+
+def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path):
+    whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
+    uninterrupted = run_regular(tiny(steps=6, checkpoint=str(whole)), log=lambda _: None)
+    run_regular(tiny(steps=4, checkpoint=str(pieces)), log=lambda _: None)  # a budget of 4 steps, then raised to 6
+    lines = []
+    resumed = run_regular(tiny(steps=6, checkpoint=str(pieces)), log=lines.append)
+    assert lines[0] == f"resuming from {pieces} after step 4" and len(lines) == 2  # only step 6 evaluated again
+    fields = ("steps", "best_step", "best_eval_accuracy", "test_accuracy", "final_train_loss", "bucket_accuracy")
+    for field_name in fields:
+        assert getattr(resumed, field_name) == getattr(uninterrupted, field_name), field_name
+    a, b = torch.load(whole, weights_only=True), torch.load(pieces, weights_only=True)
+    assert a["progress"]["step"] == b["progress"]["step"] == 6
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for key, state in a["optimizer"]["state"].items():
+        assert all(torch.equal(state[k], b["optimizer"]["state"][key][k]) for k in state), key
+    assert torch.equal(a["data_generator"], b["data_generator"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.pt", "whole.pt"]  # no temporary files left
+
+
+def test_a_finished_checkpoint_is_evaluated_without_more_training(tmp_path):
+    path = str(tmp_path / "run.pt")
+    first = run_regular(tiny(target_accuracy=0.0, checkpoint=path), log=lambda _: None)
+    lines = []
+    again = run_regular(tiny(target_accuracy=0.0, checkpoint=path, steps=50), log=lines.append)
+    assert lines == [f"resuming from {path} after step 2"]
+    assert again.steps == 2
+    assert (again.test_accuracy, again.final_train_loss) == (first.test_accuracy, first.final_train_loss)
+
+
+def test_a_checkpoint_of_other_settings_is_refused_by_name(tmp_path):
+    path = str(tmp_path / "run.pt")
+    run_regular(tiny(steps=2, checkpoint=path), log=lambda _: None)
+    with pytest.raises(ValueError, match=r"seed=0; this run has seed=1"):
+        run_regular(tiny(steps=4, seed=1, checkpoint=path), log=lambda _: None)
+
+
+def test_matmul_precision_applies_to_the_run_only():
+    before = torch.get_float32_matmul_precision()
+    result = run_regular(tiny(matmul_precision="medium"), log=lambda _: None)
+    assert torch.get_float32_matmul_precision() == before and result.config["matmul_precision"] == "medium"
+    with pytest.raises(ValueError, match="matmul_precision must be one of"):
+        run_regular(tiny(matmul_precision="low"), log=lambda _: None)

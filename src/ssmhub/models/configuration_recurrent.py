@@ -4,9 +4,10 @@
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-__all__ = ["NORM_TYPES", "POOLINGS", "RecurrentLMConfig", "check_choice", "check_positive"]
+__all__ = ["INIT_SCHEMES", "NORM_TYPES", "POOLINGS", "RecurrentLMConfig", "check_choice", "check_positive"]
 
 POOLINGS = ("max", "mean", "last")
+INIT_SCHEMES = ("normal", "pytorch")
 NORM_TYPES = ("layernorm", "rmsnorm")
 
 
@@ -44,6 +45,10 @@ class RecurrentLMConfig(PreTrainedConfig):
         norm_type: the blocks' and the final normalization: ``"layernorm"`` or ``"rmsnorm"`` (Mamba's).
         layer_norm_epsilon: epsilon of that normalization.
         initializer_range: std of the normal init of embeddings and linear maps.
+        init_scheme: ``"normal"`` (transformers' convention: embeddings and linear weights
+            N(0, initializer_range), zero biases) or ``"pytorch"`` (torch.nn's own defaults: Kaiming-uniform
+            linear weights with U(±1/√fan_in) biases, N(0, 1) embeddings), which the regular-language
+            LRNN code trains with (arXiv 2309.07412). Recurrence parameters keep their family's init.
         classifier_pooling: how sequence classification pools over positions: ``"max"`` (the DLR
             paper's max-pool), ``"mean"`` or ``"last"`` (the last real token); padding is ignored.
         classifier_intermediate_size: token classification head: 0 for a linear map, else the width
@@ -61,6 +66,7 @@ class RecurrentLMConfig(PreTrainedConfig):
     norm_type: str = "layernorm"
     layer_norm_epsilon: float = 1e-5
     initializer_range: float = 0.02
+    init_scheme: str = "normal"
     classifier_pooling: str = "max"
     classifier_intermediate_size: int = 0
     recurrence_learning_rate: float | None = None
@@ -84,6 +90,7 @@ class RecurrentLMConfig(PreTrainedConfig):
         check_positive(self, "recurrence_learning_rate")
         check_choice(self, "classifier_pooling", POOLINGS)
         check_choice(self, "norm_type", NORM_TYPES)
+        check_choice(self, "init_scheme", INIT_SCHEMES)
         if not self.last_layer_residual and not self.prenorm:
             raise ValueError(
                 f"{type(self).__name__}.last_layer_residual=False needs prenorm=True (post-norm blocks always add it)"

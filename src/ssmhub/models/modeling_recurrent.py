@@ -9,6 +9,7 @@ overwrites loaded weights, optimizer parameter groups and the remote-code bundle
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -82,6 +83,21 @@ class RecurrentBlock(GradientCheckpointingLayer):
         return hidden_states, new_state
 
 
+def _pytorch_default_init(module: nn.Linear | nn.Embedding) -> None:
+    """torch.nn's own init (what ``reset_parameters`` does), through ``transformers.initialization`` so
+    that weights just loaded from a checkpoint are left alone: Linear weights Kaiming-uniform with
+    a = √5, i.e. U(±1/√fan_in), biases U(±1/√fan_in); Embedding N(0, 1) with a zero padding row."""
+    if isinstance(module, nn.Linear):
+        init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+        if module.bias is not None:
+            bound = 1 / math.sqrt(module.in_features) if module.in_features > 0 else 0.0
+            init.uniform_(module.bias, -bound, bound)
+        return
+    init.normal_(module.weight)
+    if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+        init.zeros_(module.weight[module.padding_idx])
+
+
 class RecurrentPreTrainedModel(PreTrainedModel):
     """Base of every ssmhub model. A family subclass sets ``config_class`` and ``build_mixer``.
 
@@ -104,7 +120,10 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         raise NotImplementedError(f"{type(self).__name__} must define build_mixer(config, layer_idx)")
 
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+        if self.config.init_scheme == "pytorch" and isinstance(module, (nn.Linear, nn.Embedding)):
+            _pytorch_default_init(module)
+        else:
+            super()._init_weights(module)
         if hasattr(module, "initial_parameter_values"):
             for name, value in module.initial_parameter_values().items():
                 init.copy_(module.get_parameter(name), value)
