@@ -31,6 +31,7 @@ from ssmhub.training.regular import MATMUL_PRECISIONS, RegularRunConfig, run_reg
 PAPER = {"sum": ("1.00", "0.27"), "even_pair": ("0.99", "0.81"), "mod_arith": ("1.00", "0.27")}  # ours, S4
 TASK_TITLES = {"sum": "Sum(5)", "even_pair": "EvenPair(5)", "mod_arith": "ModArith(5)"}
 JSONL = os.path.join(RESULTS_DIR, "regular_languages.jsonl")
+NETWORK_FIELDS = ("last_layer_residual", "init_scheme")  # overrides that make a run an ablation
 EARLIER_JSONL = os.path.join(RESULTS_DIR, "regular_languages_shared_stack.jsonl")  # before the authors' network
 
 
@@ -113,7 +114,37 @@ def detail_table(records: list[dict]) -> str:
     return markdown_table([*header, "accuracy by prefix length"], rows)
 
 
+def network_overrides(record: dict) -> dict:
+    """The record's overrides of the network around the mixer (an ablation when not empty)."""
+    return {k: v for k, v in record["config"]["model_config"].items() if k in NETWORK_FIELDS}
+
+
+def ablation_table(ablations: list[dict], records: list[dict]) -> str:
+    """Each ablation run next to the authors'-network run of the same family, task and seed."""
+    rows = []
+    for r in sorted(ablations, key=lambda r: (r["task"], r["model_type"], r["seed"])):
+        same = [
+            x for x in records if (x["task"], x["model_type"], x["seed"]) == (r["task"], r["model_type"], r["seed"])
+        ]
+        reference = largest_budget_per_seed(same)
+        ref = f"{reference[0]['test_accuracy']:.4f} at {reference[0]['steps']} steps" if reference else "not run"
+        rows.append(
+            [
+                TASK_TITLES.get(r["task"], r["task"]),
+                r["model_type"],
+                r["seed"],
+                json.dumps(network_overrides(r)),
+                f"{r['test_accuracy']:.4f} at {r['steps']} steps (budget {r['config']['steps'] // 1000}K)",
+                ref,
+            ]
+        )
+    header = ["task", "family", "seed", "network changed", "test acc", "authors' network: test acc"]
+    return markdown_table(header, rows)
+
+
 def report(records: list[dict], families: list[str], earlier: list[dict]) -> list[str]:
+    ablations = [r for r in records if network_overrides(r)]
+    records = [r for r in records if not network_overrides(r)]
     sections = [
         "## Last-token accuracy at the test length (mean over seeds)\n\n" + summary_table(records, families),
         "Each cell: mean over the listed seeds of the last-token accuracy, on a fixed test set of "
@@ -126,6 +157,13 @@ def report(records: list[dict], families: list[str], earlier: list[dict]) -> lis
         "layer, a ReLU MLP head, torch.nn's default init.",
         "## Every run\n\n" + detail_table(records),
     ]
+    if ablations:
+        sections += [
+            "## Ablation: the network around the mixer\n\n"
+            "The same runs with the shared stack's conventions put back one at a time "
+            "(`--model_config` overrides): a residual around the last layer (`last_layer_residual`), "
+            "transformers' N(0, 0.02) init with zero biases (`init_scheme`).\n\n" + ablation_table(ablations, records)
+        ]
     if earlier:
         sections += [
             "## Earlier runs in the shared stack's network\n\n"
