@@ -252,8 +252,10 @@ class MambaMixer(nn.Module):
                 y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
                 return y_t.unsqueeze(1), (new_state if return_state else None)
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
-        conv_state = self.init_state(batch, x.device)["conv_state"] if state is None else state["conv_state"]
-        history = conv_state.transpose(1, 2).to(u.dtype)  # (B, k − 1, E): the inputs before u, oldest first
+        if state is None:  # (B, k − 1, E): the inputs before u, oldest first (zeros before the first token)
+            history = u.new_zeros(batch, self.conv_kernel - 1, u.shape[-1])
+        else:
+            history = state["conv_state"].transpose(1, 2).to(u.dtype)
         conv_inputs = u
         u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history))  # (B, L, E)
         if mask is not None:  # the conv bias made masked positions nonzero again
