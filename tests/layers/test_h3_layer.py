@@ -153,6 +153,29 @@ def test_gradients_reach_the_kernels():
     }
 
 
+@pytest.mark.parametrize("shift_kernel_size", [1, 4, 16])
+def test_direct_shift_equals_fft_shift(shift_kernel_size):
+    """The direct FIR of a short shift kernel (the default) against the FFT path it replaces: outputs,
+    final windows and every gradient, from a zero start and from a state."""
+    mixer = _mixer(shift_kernel_size=shift_kernel_size, num_heads=4)
+    assert mixer.direct_shift
+    x = torch.randn(2, 21, 8)
+    state = {name: torch.randn_like(value) for name, value in mixer.init_state(2).items()}
+    results = []
+    for direct in (True, False):
+        mixer.direct_shift = direct
+        mixer.zero_grad()
+        x_run = x.clone().requires_grad_()
+        history = state["shift_state"].clone().requires_grad_()
+        y0, _ = mixer(x_run)
+        y1, final = mixer(x_run, state={**state, "shift_state": history}, return_state=True)
+        (y0.square().sum() + y1.sin().sum() + final["shift_state"].square().sum()).backward()
+        grads = [p.grad.clone() for p in mixer.parameters()]
+        results.append((y0, y1, final["shift_state"], x_run.grad, history.grad, *grads))
+    for direct_value, fft_value in zip(*results):  # both float32: the FFT's round-off
+        torch.testing.assert_close(direct_value, fft_value, atol=2e-5, rtol=1e-4)
+
+
 def test_kernel_dropout_only_in_training():
     mixer = _mixer(kernel_dropout=0.5)
     torch.testing.assert_close(mixer.kernel(16), mixer.long_conv.ssm.kernel)
