@@ -74,6 +74,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--h3-attention-layers", type=int, nargs="*", default=[], help="H3 layers that are attention")
     p.add_argument("--heads", type=int, default=4, help="GPT-2 n_head (and the H3 attention layers')")
     p.add_argument("--gpt2-dropout", type=float, default=0.0, help="GPT-2 resid/embd/attn dropout (DLR's is 0)")
+    p.add_argument(
+        "--gpt2-activation",
+        default="gelu_new",
+        help="GPT-2 activation_function (default: GPT-2's own gelu_new, the tanh approximation; ssmhub's MLPs use "
+        "the exact gelu)",
+    )
+    p.add_argument("--name", default=None, help="results/<name>.md (default: train_throughput[_<family>])")
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary shared by both models")
     p.add_argument(
         "--tokenizer", default=None, help="use this tokenizer folder instead of training a BPE (e.g. GPT-2's)"
@@ -115,6 +122,7 @@ def model_configs(args) -> dict[str, dict]:
             "resid_pdrop": args.gpt2_dropout,
             "embd_pdrop": args.gpt2_dropout,
             "attn_pdrop": args.gpt2_dropout,
+            "activation_function": args.gpt2_activation,
         },
     }
 
@@ -289,6 +297,12 @@ def main(argv=None) -> int:
         "`scaled_dot_product_attention`, causal, on CPU); GPT-2 dropout is "
         f"{args.gpt2_dropout} and {label}'s is 0. {label}'s sequence mixing is its FFT long convolution in "
         "training mode.",
+        f"- MLP activation: {label}'s is the exact GELU (one fused op); GPT-2's is `{args.gpt2_activation}`"
+        + (
+            " (GPT-2's own, the tanh approximation, computed by transformers as several elementwise ops)."
+            if args.gpt2_activation == "gelu_new"
+            else "."
+        ),
         f"- Threads: torch.get_num_threads() = {torch.get_num_threads()}. The machine is shared; individual steps "
         "are noisy (see the per-step detail).",
         f"- Whole script wall time: {total_s:.0f} s.",
@@ -302,7 +316,7 @@ def main(argv=None) -> int:
     print(detail)
     if not args.no_write:
         path = write_report(
-            SCRIPT_NAME if fam == "dlr" else f"{SCRIPT_NAME}_{fam}",
+            args.name or (SCRIPT_NAME if fam == "dlr" else f"{SCRIPT_NAME}_{fam}"),
             f"Training throughput vs sequence length: {label} vs GPT-2 (same trainer)",
             [
                 "## Results (medians)\n\n" + table,
