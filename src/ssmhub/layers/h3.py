@@ -407,7 +407,8 @@ class H3Mixer(nn.Module):
         if return_state:
             if history is None:
                 history = k.new_zeros(k.shape[0], window, k.shape[2])
-            stream = torch.cat([history, k], dim=1)  # (B, S − 1 + L, d)
+            tail = k[:, max(0, k.shape[1] - window) :]  # the last min(L, S − 1) inputs
+            stream = torch.cat([history, tail], dim=1)  # (B, S − 1 + min(L, S − 1), d)
             final = stream[:, stream.shape[1] - window :].transpose(1, 2).contiguous()  # (B, d, S − 1)
         return k_shift.transpose(1, 2), final
 
