@@ -42,7 +42,7 @@ from torch import nn
 
 from ..ops.longconv import PAPER_ORDER, causal_conv_step
 from ..ops.modal import ModalKernel, fit_modal_kernel, modal_init_state, modal_kernel, modal_scan, modal_step
-from ..ops.short_conv import causal_depthwise_conv
+from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .checks import check_mixer_inputs
 from .diagonal_ssm import DiagonalSSMKernel
 from .longconv import LongConvKernel
@@ -407,9 +407,7 @@ class H3Mixer(nn.Module):
         if return_state:
             if history is None:
                 history = k.new_zeros(k.shape[0], window, k.shape[2])
-            tail = k[:, max(0, k.shape[1] - window) :]  # the last min(L, S − 1) inputs
-            stream = torch.cat([history, tail], dim=1)  # (B, S − 1 + min(L, S − 1), d)
-            final = stream[:, stream.shape[1] - window :].transpose(1, 2).contiguous()  # (B, d, S − 1)
+            final = conv_window(history, k).transpose(1, 2).contiguous()  # (B, d, S − 1)
         return k_shift.transpose(1, 2), final
 
     def _step(self, x_t, state, mask_t):

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
-from ..ops.short_conv import causal_depthwise_conv
+from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .checks import check_mixer_inputs
 
 __all__ = ["SCANS", "TIME_STEP_INIT_SCHEMES", "MambaMixer"]
@@ -276,9 +276,7 @@ class MambaMixer(nn.Module):
         out = self.out_proj(y.to(x.dtype))
         if not return_state:
             return out, None
-        keep = self.conv_kernel - 1
-        stream = torch.cat([history, conv_inputs[:, max(0, seq_len - keep) :]], dim=1)  # (B, ≤ 2(k − 1), E)
-        conv_final = stream[:, stream.shape[1] - keep :].transpose(1, 2).float().contiguous()  # (B, E, k − 1)
+        conv_final = conv_window(history, conv_inputs).transpose(1, 2).float().contiguous()  # (B, E, k − 1)
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
     def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["causal_depthwise_conv"]
+__all__ = ["causal_depthwise_conv", "conv_window"]
 
 
 class _CausalDepthwiseConvFn(torch.autograd.Function):
@@ -94,3 +94,11 @@ def causal_depthwise_conv(
     weight = weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     return _CausalDepthwiseConvFn.apply(x, weight, bias, history.to(dtype))
+
+
+def conv_window(history: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The last k − 1 inputs of ``[history ; x]`` along time: the window a causal k-tap convolution continues
+    from after ``x``. history (B, k − 1, E), oldest first; x (B, T, E) -> (B, k − 1, E)."""
+    keep = history.shape[1]
+    stream = torch.cat([history, x[:, max(0, x.shape[1] - keep) :]], dim=1)  # (B, k − 1 + min(T, k − 1), E)
+    return stream[:, stream.shape[1] - keep :]
