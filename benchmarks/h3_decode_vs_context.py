@@ -20,7 +20,9 @@ median over rounds of (block time / steps) is reported. After each GPT-2 block i
 Memory: the decode state at that context, ``RecurrentCache.memory_bytes()`` for H3 (exact: L_max inputs
 per channel plus the shift state; distilled: N complex64 per channel plus the shift state) and the bytes
 of all key/value tensors for GPT-2. That is the memory that can grow with context; the weights are
-constant and the same for both H3 modes.
+constant and the same for both H3 modes. Measured next to it, in a separate pass after the timing (Linux):
+the peak resident memory above the weights while each model builds its state and decodes ``--steps``
+tokens (``_memory.peak_rss_above_baseline``; the transient activations of the H3 prefill are excluded).
 
 Models: by default random-init H3 in GPT-2-small's shape (hidden 768, 12 layers, MLP 3072, every layer H3,
 L_max 2048, GPT-2 vocabulary 50257) and GPT-2-small. With ``--model PATH``, a trained H3 folder (e.g. the
@@ -46,6 +48,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import ssmhub
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _memory import peak_rss_above_baseline, peak_rss_available
 from _report import markdown_table, median, write_report
 from decode_vs_context import gpt2_crop, gpt2_decode, gpt2_random_cache, handover_check
 from decode_vs_context import recurrent_decode as decode
@@ -110,6 +113,34 @@ def per_token_ms(fn, *args, steps: int) -> float:
     return 1e3 * (time.perf_counter() - start) / steps
 
 
+def decode_peak_mb(ctx: int, steps: int, generator, exact, distilled, gpt2) -> dict[str, float]:
+    """Peak resident MB above the weights while each model decodes ``steps`` tokens at context ``ctx``.
+
+    The decode state is built first (H3: a real prefill, whose transient activations are excluded;
+    GPT-2: a random KV cache), so the peak counts the state the context leaves plus every transient
+    allocation of decoding (GPT-2's ``DynamicCache`` copies a layer's keys and values on each step).
+    Empty where the platform cannot measure it (see ``_memory.peak_rss_available``).
+    """
+    if not peak_rss_available():
+        return {}
+    peaks = {}
+    with torch.inference_mode():
+        for name, model in (("exact", exact), ("distilled", distilled)):
+            nbytes, _ = peak_rss_above_baseline(
+                lambda model=model: prefill(model, ctx, generator),
+                lambda state, model=model: decode(model, *state, steps),
+            )
+            peaks[name] = nbytes / MB
+        if gpt2 is not None:
+            token = torch.zeros(1, 1, dtype=torch.long)
+            nbytes, _ = peak_rss_above_baseline(
+                lambda: gpt2_random_cache(gpt2, ctx, generator)[0],
+                lambda cache: gpt2_decode(gpt2, cache, token, steps),
+            )
+            peaks["gpt2"] = nbytes / MB
+    return peaks
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
@@ -145,6 +176,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 cache, token = prefill(model, ctx, generator)
                 state[name] = (model, cache, token, time.perf_counter() - t0)
+            kv = None
             if gpt2 is not None:
                 kv, kv_bytes = gpt2_random_cache(gpt2, ctx, generator)
                 gtoken = torch.zeros(1, 1, dtype=torch.long)
@@ -164,6 +196,9 @@ def main(argv=None) -> int:
                     gpt2_crop(kv, ctx)
         ms = {k: median(v) for k, v in times.items() if v}
         mem = {name: state[name][1].memory_bytes() / MB for name in state}
+        prefill_s = {name: state[name][3] for name in state}
+        del state, kv  # the peak-memory pass below starts from the weights alone
+        peak = decode_peak_mb(ctx, args.steps, generator, exact, distilled, gpt2)
         row = [
             ctx,
             f"{ms['exact']:.2f}",
@@ -174,7 +209,8 @@ def main(argv=None) -> int:
             f"{mem['exact']:.2f}",
             f"{mem['distilled']:.3f}",
             f"{kv_bytes / MB:.2f}" if gpt2 is not None else "-",
-            f"{state['exact'][3]:.1f} / {state['distilled'][3]:.1f}",
+            " / ".join(f"{peak[name]:.1f}" if name in peak else "-" for name in ("exact", "distilled", "gpt2")),
+            f"{prefill_s['exact']:.1f} / {prefill_s['distilled']:.1f}",
         ]
         rows.append(row)
         print("  " + " | ".join(str(c) for c in row), flush=True)
@@ -189,6 +225,7 @@ def main(argv=None) -> int:
         "exact state MB",
         "distilled state MB",
         "GPT-2 KV MB",
+        "decode peak MB (exact / distilled / GPT-2)",
         "prefill s (exact / distilled)",
     ]
     table = markdown_table(headers, rows)
@@ -213,6 +250,8 @@ def main(argv=None) -> int:
         ),
         f"- Timing: batch 1, fp32, {args.warmup} warm-up steps, then {args.repeats} interleaved rounds of "
         f"{args.steps} greedy decode steps per model; medians over rounds. torch threads: {torch.get_num_threads()}.",
+        "- Decode peak MB: the process's resident high-water mark (Linux VmHWM) above the resident memory before "
+        "the state was built, over the state and one block of decode steps; H3 prefill transients excluded.",
         f"- Whole script wall time: {time.perf_counter() - script_start:.0f} s.",
     ]
     notes_text = "\n".join(notes)
