@@ -27,11 +27,16 @@ several invocations::
 
     python benchmarks/synthetic_tasks.py --sections table1 --families dlr,attention
     python benchmarks/synthetic_tasks.py --sections mqar --mqar_steps 4000 --mqar_lrs 1e-3
+
+With ``--checkpoint_dir DIR`` every run saves a checkpoint there (named by its settings without the
+budget), so a run cut short resumes where it stopped, and asking again for the same cell with a larger
+``--*_steps`` continues the finished run instead of starting over (``ssmhub-synthetic --checkpoint``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -94,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--results_dir", default=RESULTS_DIR)
     p.add_argument("--report_only", action="store_true", help="rebuild the report from the JSONL file")
+    p.add_argument(
+        "--checkpoint_dir",
+        default=None,
+        help="checkpoint every run here and resume it: a run asked for again with a larger budget continues",
+    )
+    p.add_argument("--checkpoint_every", type=int, default=100, help="steps between checkpoints")
     # table1
     p.add_argument("--table1_tasks", default=",".join(TABLE1_ORDER))
     p.add_argument("--table1_families", default="dlr,attention")
@@ -118,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     # mqar
     p.add_argument("--mqar_configs", default="64:4,128:8,256:16", help="L:pairs,...")
     p.add_argument("--mqar_widths", default="64,128,256")
-    p.add_argument("--mqar_families", default="dlr,h3,bdlrnn,attention")
+    p.add_argument("--mqar_families", default="dlr,h3,serpent,bdlrnn,attention")
     p.add_argument("--mqar_layers", type=int, default=2)
     p.add_argument(
         "--mqar_steps", type=int, default=None, help="default: Zoology's 64 epochs of 100K examples, 6.4M / batch"
@@ -146,7 +157,7 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
     unknown = sections - {"table1", "shift", "mqar"}
     if unknown:
         raise SystemExit(f"unknown --sections {sorted(unknown)}; expected table1, shift, mqar")
-    common = {"seed": args.seed, "device": args.device}
+    common = {"seed": args.seed, "device": args.device, "checkpoint_every": args.checkpoint_every}
     runs = []
     if "table1" in sections:
         for task in args.table1_tasks.split(","):
@@ -217,9 +228,20 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
     return runs
 
 
+# Fields of a run's config that do not change what it computes (the checkpoint file is derived from the rest).
+NOT_SETTINGS = ("device", "log_every", "checkpoint", "checkpoint_every")
+
+
 def run_key(section: str, config: dict) -> str:
-    settings = {k: v for k, v in config.items() if k not in ("device", "log_every")}
+    settings = {k: v for k, v in config.items() if k not in NOT_SETTINGS}
     return json.dumps([section, settings], sort_keys=True)
+
+
+def checkpoint_path(checkpoint_dir: str, section: str, config: dict) -> str:
+    """The run's checkpoint file: named by its settings without the budget, so a larger budget resumes it."""
+    settings = {k: v for k, v in config.items() if k not in (*NOT_SETTINGS, "max_steps")}
+    digest = hashlib.sha256(json.dumps([section, settings], sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(checkpoint_dir, f"{section}-{config['task']}-{config['model_type']}-{digest}.pt")
 
 
 def _best(records: list[dict], **match) -> dict | None:
@@ -376,6 +398,8 @@ def main() -> None:
             key = run_key(section, asdict(config))
             if key in done:
                 continue
+            if args.checkpoint_dir:
+                config.checkpoint = checkpoint_path(args.checkpoint_dir, section, asdict(config))
             print(
                 f"== {section}: {config.model_type} on {config.task}, L {config.seq_len}, width {config.hidden_size}, "
                 f"{config.num_layers} layers, {config.max_steps} steps, lr {config.lr:g} {config.model_config or ''}",

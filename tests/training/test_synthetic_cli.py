@@ -89,6 +89,41 @@ def test_a_run_is_deterministic_and_reports_the_row():
     assert first["wall_s"] > 0 and first["lr"] == 1e-2
 
 
+@pytest.mark.parametrize("task", ["shift", "mqar"])
+def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path, task):
+    options = {"task": task, "checkpoint_every": 2}
+    if task == "mqar":
+        options |= {"seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64}
+    whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
+    uninterrupted = run_synthetic(tiny(max_steps=5, checkpoint=str(whole), **options), log=lambda _: None)
+    run_synthetic(tiny(max_steps=3, checkpoint=str(pieces), **options), log=lambda _: None)  # 3 steps, then 5
+    lines = []
+    resumed = run_synthetic(tiny(max_steps=5, checkpoint=str(pieces), **options), log=lines.append)
+    assert lines == [f"resuming from {pieces} after step 3"] and resumed["resumed_from_step"] == 3
+    for name in ("value", "final_train_loss", "steps", "lr", "num_parameters"):
+        assert resumed[name] == uninterrupted[name], name
+    a, b = torch.load(whole, weights_only=True), torch.load(pieces, weights_only=True)
+    assert a["progress"]["step"] == b["progress"]["step"] == 5
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for key, state in a["optimizer"]["state"].items():
+        assert all(torch.equal(state[k], b["optimizer"]["state"][key][k]) for k in state), key
+    assert torch.equal(a["data_generator"], b["data_generator"])
+    assert resumed["s_per_step"] > 0 and resumed["wall_s"] >= b["progress"]["elapsed_s"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.pt", "whole.pt"]  # no temporary files left
+
+
+def test_a_checkpoint_is_refused_for_other_settings_or_a_smaller_budget(tmp_path):
+    path = str(tmp_path / "run.pt")
+    run_synthetic(tiny(max_steps=4, checkpoint=path), log=lambda _: None)
+    with pytest.raises(ValueError, match=r"hidden_size=8; this run has hidden_size=12"):
+        run_synthetic(tiny(max_steps=6, hidden_size=12, checkpoint=path), log=lambda _: None)
+    with pytest.raises(ValueError, match=r"max_steps must be at least the 4 steps the checkpoint"):
+        run_synthetic(tiny(max_steps=3, checkpoint=path), log=lambda _: None)
+    again = run_synthetic(tiny(max_steps=4, checkpoint=path), log=lambda _: None)  # finished: evaluated as is
+    assert again["resumed_from_step"] == 4 and again["steps"] == 4
+
+
 def test_cli_regression_run_prints_and_appends_rows(tmp_path, capsys):
     results = tmp_path / "out" / "rows.jsonl"
     args = [
@@ -148,6 +183,7 @@ def test_cli_mqar_run_reports_accuracy(tmp_path, capsys):
         (["--lr", "-1"], "lr must be a positive number"),
         (["--device", "tpu"], "device"),
         (["--seed", "7", "--eval_seed", "7"], "seed must differ from eval_seed"),
+        (["--checkpoint_every", "0"], "checkpoint_every must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_clear_error_before_any_work(args, message, capsys, monkeypatch):

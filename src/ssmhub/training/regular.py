@@ -46,7 +46,8 @@ from typing import Any
 import torch
 
 from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_position
-from ..fileio import atomic_path, write_json_atomic
+from ..fileio import write_json_atomic
+from .run_state import load_run_state, restore_run_state, save_run_state
 
 __all__ = ["LENGTH_BUCKETS", "RegularResult", "RegularRunConfig", "float32_matmul_precision", "main", "run_regular"]
 
@@ -212,33 +213,6 @@ class _Progress:
     reached_target: bool = False
 
 
-def _save_checkpoint(path: str, config: RegularRunConfig, model, optimizer, data, progress: _Progress) -> None:
-    """Everything needed to continue the run, written to a temporary name and renamed over ``path``."""
-    payload = {
-        "config": asdict(config),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "data_generator": data.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "progress": asdict(progress),
-    }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-
-
-def _load_checkpoint(path: str, config: RegularRunConfig) -> dict[str, Any]:
-    """The checkpoint at ``path``, after checking that it was written by a run with the same settings."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    saved, current = payload["config"], asdict(config)
-    for name, value in current.items():
-        if name not in RESUMABLE_CHANGES and saved.get(name) != value:
-            raise ValueError(
-                f"checkpoint {path} was written by a run with {name}={saved.get(name)!r}; this run has "
-                f"{name}={value!r} (only {', '.join(RESUMABLE_CHANGES)} may change when resuming)"
-            )
-    return payload
-
-
 def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     """Train and evaluate one run (see the module docstring); deterministic given ``config.seed``.
 
@@ -257,7 +231,7 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     eval_ids, eval_labels = fixed_test_set(task, config.eval_batch_size, test_length, seed=config.test_seed + 1)
     test_ids, test_labels = fixed_test_set(task, config.test_sequences, test_length, seed=config.test_seed)
     resume = config.checkpoint is not None and Path(config.checkpoint).exists()
-    saved = _load_checkpoint(config.checkpoint, config) if resume else None
+    saved = load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES) if resume else None
 
     start = time.perf_counter()
     torch.manual_seed(config.seed)
@@ -266,11 +240,7 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     data = torch.Generator().manual_seed(config.seed)
     progress = _Progress()
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        data.set_state(saved["data_generator"])
-        torch.set_rng_state(saved["torch_rng"])
-        progress = _Progress(**saved["progress"])
+        progress = _Progress(**restore_run_state(saved, model, optimizer, data))
         log(f"resuming from {config.checkpoint} after step {progress.step}")
     model.train()
     with float32_matmul_precision(config.matmul_precision):
@@ -292,7 +262,7 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
                 if config.checkpoint:
                     progress.elapsed_s += time.perf_counter() - start
                     start = time.perf_counter()
-                    _save_checkpoint(config.checkpoint, config, model, optimizer, data, progress)
+                    save_run_state(config.checkpoint, asdict(config), model, optimizer, data, asdict(progress))
                 if progress.reached_target:
                     break
         model.load_state_dict(progress.best_state)

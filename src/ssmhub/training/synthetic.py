@@ -13,6 +13,12 @@ A run ends with a one-line JSON row (task, family, L, layers, width, steps, metr
 
     ssmhub-synthetic --task shift --model_type dlr --seq_len 512 --num_layers 6 --hidden_size 128 \\
         --max_steps 11000 --results runs/synthetic.jsonl
+
+The paper's budgets are hours per run on a CPU. With ``--checkpoint FILE`` the run saves its model,
+optimizer, data-generator and RNG states every ``--checkpoint_every`` steps and after its last step
+(:mod:`ssmhub.training.run_state`), and a later call with the same settings resumes there, bit for bit
+the run it would have been without the interruption. ``max_steps`` may grow between calls, so a budget
+can be raised after looking at a result, or spread over several sessions.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..data.synthetic import SYNTHETIC_TASK_NAMES, fixed_eval_set, get_synthetic_task, r2_score
 from ..fileio import append_jsonl
+from .run_state import load_run_state, restore_run_state, save_run_state
 from .synthetic_models import (
     ATTENTION_FAMILY,
     SyntheticRegressionModel,
@@ -37,7 +45,11 @@ from .synthetic_models import (
     family_defaults,
 )
 
-__all__ = ["SyntheticRunConfig", "default_learning_rate", "main", "run_synthetic", "validate_run"]
+__all__ = ["RESUMABLE_CHANGES", "SyntheticRunConfig", "default_learning_rate", "main", "run_synthetic", "validate_run"]
+
+# Settings that may differ between a run and the run that resumes its checkpoint: the budget, where and
+# how often it is saved, logging, and the device.
+RESUMABLE_CHANGES = ("max_steps", "checkpoint", "checkpoint_every", "log_every", "device")
 
 
 @dataclass
@@ -64,6 +76,8 @@ class SyntheticRunConfig:
     model_config: dict[str, Any] = field(default_factory=dict)  # overrides of the family config
     device: str = "auto"
     log_every: int = 0
+    checkpoint: str | None = None  # file to save the run's progress to, and to resume from
+    checkpoint_every: int = 100  # steps between checkpoints (and one after the last step)
 
 
 def default_learning_rate(task_kind: str, model_type: str, seq_len: int) -> float:
@@ -93,7 +107,8 @@ def validate_run(config: SyntheticRunConfig):
     """
     if config.task not in SYNTHETIC_TASK_NAMES:
         raise ValueError(f"task must be one of {list(SYNTHETIC_TASK_NAMES)}, got {config.task!r}")
-    for name in ("seq_len", "num_layers", "hidden_size", "max_steps", "batch_size", "eval_examples", "eval_batch_size"):
+    positive = ("seq_len", "num_layers", "hidden_size", "max_steps", "batch_size", "eval_examples", "eval_batch_size")
+    for name in (*positive, "checkpoint_every"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -186,6 +201,13 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
     """
     task, model_config, device = validate_run(config)
     lr = config.lr if config.lr is not None else default_learning_rate(task.kind, config.model_type, config.seq_len)
+    resume = config.checkpoint is not None and Path(config.checkpoint).exists()
+    saved = load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES) if resume else None
+    if saved is not None and saved["progress"]["step"] > config.max_steps:
+        raise ValueError(
+            f"max_steps must be at least the {saved['progress']['step']} steps the checkpoint "
+            f"{config.checkpoint} has already run, got {config.max_steps}"
+        )
     start = time.perf_counter()
     eval_inputs, eval_targets = fixed_eval_set(task, config.eval_examples, seed=config.eval_seed)
 
@@ -193,20 +215,34 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
     model = _build_model(task, model_config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
     data = torch.Generator().manual_seed(config.seed)
+    # train_s: time spent in training steps; elapsed_s: whole wall time; both over earlier sessions too
+    progress = {"step": 0, "loss": math.nan, "train_s": 0.0, "elapsed_s": 0.0}
+    if saved is not None:
+        progress = restore_run_state(saved, model, optimizer, data)
+        log(f"resuming from {config.checkpoint} after step {progress['step']}")
+    resumed_from_step = progress["step"]
     model.train()
-    loss_value = math.nan
     train_start = time.perf_counter()
-    for step in range(1, config.max_steps + 1):
+    for step in range(progress["step"] + 1, config.max_steps + 1):
         inputs, targets = task.sample(config.batch_size, data)
         loss = _loss(model, task, inputs.to(device), targets.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        loss_value = loss.item()
+        progress["loss"] = loss.item()
         if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
-            elapsed = time.perf_counter() - train_start
-            log(f"step {step}/{config.max_steps}: loss {loss_value:.5f} ({elapsed / step:.3f} s/step)")
-    train_s = time.perf_counter() - train_start
+            rate = (progress["train_s"] + time.perf_counter() - train_start) / step
+            log(f"step {step}/{config.max_steps}: loss {progress['loss']:.5f} ({rate:.3f} s/step)")
+        if config.checkpoint and (step % config.checkpoint_every == 0 or step == config.max_steps):
+            now = time.perf_counter()
+            progress |= {
+                "step": step,
+                "train_s": progress["train_s"] + now - train_start,
+                "elapsed_s": progress["elapsed_s"] + now - start,
+            }
+            save_run_state(config.checkpoint, asdict(config), model, optimizer, data, progress)
+            start, train_start = now, time.perf_counter()  # the save counts as wall time, not training time
+    progress["train_s"] += time.perf_counter() - train_start
     scores = evaluate(model, task, eval_inputs, eval_targets, config.eval_batch_size, device)
     metric = "r2" if task.kind == "regression" else "accuracy"
     input_length = task.input_length if task.kind == "regression" else task.seq_len
@@ -221,9 +257,10 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
         "metric": metric,
         "value": scores[metric],
         **{k: v for k, v in scores.items() if k != metric},
-        "wall_s": time.perf_counter() - start,
-        "s_per_step": train_s / config.max_steps,
-        "final_train_loss": loss_value,
+        "wall_s": progress["elapsed_s"] + time.perf_counter() - start,
+        "s_per_step": progress["train_s"] / config.max_steps,
+        "final_train_loss": progress["loss"],
+        "resumed_from_step": resumed_from_step,
         "lr": lr,
         "batch_size": config.batch_size,
         "seed": config.seed,
@@ -279,6 +316,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default=d.device, help="auto (CUDA when available), cpu or cuda")
     parser.add_argument("--log_every", type=int, default=d.log_every, help="log the loss every N steps (0: never)")
+    parser.add_argument("--checkpoint", help="save progress to this file and resume from it (see above)")
+    parser.add_argument("--checkpoint_every", type=int, default=d.checkpoint_every, help="steps between saves")
     parser.add_argument("--results", help="append the JSON row to this JSON-lines file")
     return parser
 

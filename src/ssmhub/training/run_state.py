@@ -1,0 +1,69 @@
+"""One-file checkpoints of a small online training run (``ssmhub-regular``, ``ssmhub-synthetic``).
+
+Those runs draw a fresh batch every step from a seeded ``torch.Generator`` and have no data loader or
+scheduler, so everything needed to continue one bit for bit is: the run's settings, the model and
+optimizer states, the data generator's state, torch's global RNG state and the run's own progress
+record. :func:`save_run_state` writes them with one ``torch.save`` to a temporary name (fsync, then
+rename, through :func:`ssmhub.fileio.atomic_path`), so the file at ``path`` is always a complete
+checkpoint; :func:`load_run_state` refuses, naming the field, a checkpoint written with other settings
+than the ones that may change between a run and its continuation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ..fileio import atomic_path
+
+__all__ = ["load_run_state", "restore_run_state", "save_run_state"]
+
+
+def save_run_state(
+    path: str,
+    config: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_generator: torch.Generator,
+    progress: dict[str, Any],
+) -> None:
+    """Write everything needed to continue the run to ``path`` (atomically)."""
+    payload = {
+        "config": config,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "data_generator": data_generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "progress": progress,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_run_state(path: str, config: dict[str, Any], resumable: Iterable[str]) -> dict[str, Any]:
+    """The checkpoint at ``path``, after checking it was written by a run with the settings ``config``.
+
+    Raises ValueError naming the first setting that differs, unless it is one of ``resumable``.
+    """
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    saved, resumable = payload["config"], set(resumable)
+    for name, value in config.items():
+        if name not in resumable and saved.get(name) != value:
+            raise ValueError(
+                f"checkpoint {path} was written by a run with {name}={saved.get(name)!r}; this run has "
+                f"{name}={value!r} (only {', '.join(sorted(resumable))} may change when resuming)"
+            )
+    return payload
+
+
+def restore_run_state(
+    payload: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, data_generator: torch.Generator
+) -> dict[str, Any]:
+    """Load a checkpoint's states into the run's objects (and torch's RNG); returns its progress record."""
+    model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    data_generator.set_state(payload["data_generator"])
+    torch.set_rng_state(payload["torch_rng"])
+    return payload["progress"]
