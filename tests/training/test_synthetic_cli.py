@@ -17,6 +17,7 @@ FAMILIES = {  # family -> tiny overrides
     "dlr": {"state_size": 8},
     "h3": {},
     "bdlrnn": {"block_size": 4},
+    "serpent": {},
     "attention": {},
 }
 

@@ -13,7 +13,9 @@ Both wrappers take the backbone from ``transformers.AutoModel.from_config``, as 
 ``model_type="attention"`` is transformers' GPT-2 (``GPT2Model``: pre-norm blocks of 4-head causal
 attention and a 4H MLP, learned absolute positions, no dropout). The paper's attention block is a
 4-head rotary attention without the MLP (its "Attention + 2×FF" variant, Table 6, has one); GPT-2
-is the standard peer the other ssmhub benchmarks measure against.
+is the standard peer the other ssmhub benchmarks measure against. Its MLP uses the exact GELU (one
+fused op) rather than GPT-2's ``gelu_new``, which transformers computes as several elementwise ops
+that took a quarter of a training step at L = 512 on the CPU; the MLP is not part of the paper's block.
 """
 
 from __future__ import annotations
@@ -41,13 +43,17 @@ def family_defaults(model_type: str, input_length: int) -> dict[str, Any]:
     - ``dlr``: the paper's Table 1 / Table 7 layer: post-norm, N = 4096, dt-min = dt-max = 1e-5;
     - ``h3``: pure H3 layers (no attention layers, no MLP, as the DLR stack) with kernels as long as
       the input;
+    - ``serpent``: one resampling branch (κ = 0.5) beside the base one, so that the power-of-two widths of
+      the benchmarks divide into the branches (the config default, 1 + 2 branches, needs multiples of 3);
     - other ssmhub families: their config defaults;
-    - ``attention`` (GPT-2): learned positions up to the input length, no dropout.
+    - ``attention`` (GPT-2): learned positions up to the input length, no dropout, exact GELU.
     """
     if model_type == "dlr":
         return {"prenorm": False, "state_size": 4096, "dt_min": 1e-5, "dt_max": 1e-5}
     if model_type == "h3":
         return {"attention_layers": [], "intermediate_size": 0, "max_kernel_length": input_length}
+    if model_type == "serpent":
+        return {"resampling_rates": [0.5]}
     if model_type == ATTENTION_FAMILY:
         return {
             "n_positions": input_length,
@@ -55,6 +61,7 @@ def family_defaults(model_type: str, input_length: int) -> dict[str, Any]:
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
             "classifier_dropout": 0.0,
+            "activation_function": "gelu",
         }
     return {}
 
