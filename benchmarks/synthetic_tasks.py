@@ -48,6 +48,7 @@ from _report import RESULTS_DIR, markdown_table, write_report
 
 from ssmhub.data.synthetic import REGRESSION_TASK_NAMES
 from ssmhub.fileio import append_jsonl, read_jsonl
+from ssmhub.ops.precision import MATMUL_PRECISIONS
 from ssmhub.training.synthetic import SyntheticRunConfig, run_synthetic
 
 TITLE = "Synthetic tasks: the DLR paper's atomic tasks (Tables 1-2) and MQAR"
@@ -105,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         help="checkpoint every run here and resume it: a run asked for again with a larger budget continues",
     )
     p.add_argument("--checkpoint_every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument(
+        "--matmul_precision",
+        default="high",
+        choices=MATMUL_PRECISIONS,
+        help="of every run ('medium': float32 matmuls as bfloat16 passes on CPUs with AVX512-BF16)",
+    )
     # table1
     p.add_argument("--table1_tasks", default=",".join(TABLE1_ORDER))
     p.add_argument("--table1_families", default="dlr,attention")
@@ -157,7 +164,12 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
     unknown = sections - {"table1", "shift", "mqar"}
     if unknown:
         raise SystemExit(f"unknown --sections {sorted(unknown)}; expected table1, shift, mqar")
-    common = {"seed": args.seed, "device": args.device, "checkpoint_every": args.checkpoint_every}
+    common = {
+        "seed": args.seed,
+        "device": args.device,
+        "checkpoint_every": args.checkpoint_every,
+        "matmul_precision": args.matmul_precision,
+    }
     runs = []
     if "table1" in sections:
         for task in args.table1_tasks.split(","):
@@ -232,14 +244,19 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
 NOT_SETTINGS = ("device", "log_every", "checkpoint", "checkpoint_every")
 
 
+def _settings(config: dict, ignore: tuple[str, ...] = ()) -> dict:
+    """What a run computes from: its config (fields added since a row was written take their defaults)."""
+    full = {**asdict(SyntheticRunConfig()), **config}
+    return {k: v for k, v in full.items() if k not in (*NOT_SETTINGS, *ignore)}
+
+
 def run_key(section: str, config: dict) -> str:
-    settings = {k: v for k, v in config.items() if k not in NOT_SETTINGS}
-    return json.dumps([section, settings], sort_keys=True)
+    return json.dumps([section, _settings(config)], sort_keys=True)
 
 
 def checkpoint_path(checkpoint_dir: str, section: str, config: dict) -> str:
     """The run's checkpoint file: named by its settings without the budget, so a larger budget resumes it."""
-    settings = {k: v for k, v in config.items() if k not in (*NOT_SETTINGS, "max_steps")}
+    settings = _settings(config, ignore=("max_steps",))
     digest = hashlib.sha256(json.dumps([section, settings], sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(checkpoint_dir, f"{section}-{config['task']}-{config['model_type']}-{digest}.pt")
 
@@ -253,7 +270,8 @@ def _best(records: list[dict], **match) -> dict | None:
 def _cell(record: dict | None) -> str:
     if record is None:
         return "not run"
-    return f"{record['value']:.3f} ({record['steps']} steps)"
+    precision = ", medium" if record.get("matmul_precision", "high") == "medium" else ""
+    return f"{record['value']:.3f} ({record['steps']} steps{precision})"
 
 
 def table1_section(records: list[dict]) -> str | None:
@@ -277,7 +295,8 @@ def table1_section(records: list[dict]) -> str | None:
         + "\n\nR² on a fixed held-out set (mean over its batches of the batch R², the paper's metric). "
         "DLR: post-norm, N and dt from the row's model_config (paper: N 4096, dt 1e-5, lr 5e-5); attention is "
         "transformers' GPT-2 (4 heads, with its MLP; the paper's block has none), lr 1e-3; batch and steps as listed "
-        "(paper: 64, 11K). Reverse and Sort inputs are 2L long, Select L + 64."
+        '(paper: 64, 11K); "medium" marks a run with float32 matmuls as bfloat16 passes (`--matmul_precision`). '
+        "Reverse and Sort inputs are 2L long, Select L + 64."
     )
 
 
@@ -326,7 +345,8 @@ def mqar_section(records: list[dict]) -> str | None:
                     continue
                 steps = max(r["steps"] for r in found)
                 best = max((r for r in found if r["steps"] == steps), key=lambda r: r["value"])
-                cells.append(f"{best['value']:.3f} (lr {best['lr']:g}, {steps} steps)")
+                precision = ", medium" if best.get("matmul_precision", "high") == "medium" else ""
+                cells.append(f"{best['value']:.3f} (lr {best['lr']:g}, {steps} steps{precision})")
             table.append([f"L {length}, {pairs} pairs", family, *cells])
     headers = ["setting", "family", *(f"width {w}" for w in widths)]
     return (

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from _memory import peak_rss_above_baseline, peak_rss_available  # noqa: E402
+from _memory import peak_rss_above_baseline, peak_rss_available
 
 MB = 2**20
 pytestmark = pytest.mark.skipif(not peak_rss_available(), reason="needs Linux's VmHWM and clear_refs")

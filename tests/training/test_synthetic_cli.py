@@ -125,6 +125,25 @@ def test_a_checkpoint_is_refused_for_other_settings_or_a_smaller_budget(tmp_path
     assert again["resumed_from_step"] == 4 and again["steps"] == 4
 
 
+def test_matmul_precision_applies_to_the_run_only():
+    before = torch.get_float32_matmul_precision()
+    row = run_synthetic(tiny(matmul_precision="medium"), log=lambda _: None)
+    assert torch.get_float32_matmul_precision() == before and row["matmul_precision"] == "medium"
+    with pytest.raises(ValueError, match="matmul_precision must be one of"):
+        run_synthetic(tiny(matmul_precision="low"))
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_at_its_default(tmp_path):
+    path = tmp_path / "run.pt"
+    run_synthetic(tiny(max_steps=2, checkpoint=str(path)), log=lambda _: None)
+    payload = torch.load(path, weights_only=True)
+    del payload["config"]["matmul_precision"]  # as written before the setting was added
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match=r"matmul_precision='high'; this run has matmul_precision='medium'"):
+        run_synthetic(tiny(max_steps=3, checkpoint=str(path), matmul_precision="medium"), log=lambda _: None)
+    assert run_synthetic(tiny(max_steps=3, checkpoint=str(path)), log=lambda _: None)["resumed_from_step"] == 2
+
+
 def test_cli_regression_run_prints_and_appends_rows(tmp_path, capsys):
     results = tmp_path / "out" / "rows.jsonl"
     args = [

@@ -1,17 +1,26 @@
-"""Keep recurrence math in float32 under autocast.
+"""Keep recurrence math in float32 under autocast; choose how float32 matmuls are computed.
 
 Recurrence parameters, states and FFTs lose the small, long-range terms they exist for when run in
 half precision (a |λ| of 0.9997 is 1.0 in bfloat16), so ops that carry them run with autocast off
 and cast their inputs to float32 themselves.
+
+:func:`float32_matmul_precision` scopes ``torch.set_float32_matmul_precision`` to a block: ``"high"``
+allows TF32 on CUDA (plain float32 on CPU); on a CPU with AVX512-BF16, ``"medium"`` lets oneDNN split
+each float32 matmul into bfloat16 passes, measured 2.4× faster for a (4992 × 512) @ (512 × 512)
+product at an RMS relative error of 4e-7 (float32: 2.4e-7).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
-__all__ = ["float32_math"]
+__all__ = ["MATMUL_PRECISIONS", "float32_math", "float32_matmul_precision"]
+
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 def float32_math(fn):
@@ -26,3 +35,16 @@ def float32_math(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+@contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` inside the block, the previous value after it."""
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}; got {precision!r}")
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)

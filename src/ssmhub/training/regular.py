@@ -37,8 +37,6 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +45,7 @@ import torch
 
 from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_position
 from ..fileio import write_json_atomic
+from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from .run_state import load_run_state, restore_run_state, save_run_state
 
 __all__ = ["LENGTH_BUCKETS", "RegularResult", "RegularRunConfig", "float32_matmul_precision", "main", "run_regular"]
@@ -56,7 +55,6 @@ TASK_OPTIMIZER = {"sum": (1e-4, 0.0), "even_pair": (2e-4, 0.0), "mod_arith": (2e
 # The paper's model per task (spec §1.3): 1 layer of width 64 (3 layers for ModArith), blocks of 8.
 TASK_LAYERS = {"mod_arith": 3}
 LENGTH_BUCKETS = ((1, 40), (41, 100), (101, 200), (201, 300), (301, 400), (401, 500))
-MATMUL_PRECISIONS = ("highest", "high", "medium")
 # Settings that may differ between a run and the run that resumes its checkpoint: the budget, where
 # the checkpoint lives, and the final test set (used only after training).
 RESUMABLE_CHANGES = ("steps", "checkpoint", "test_sequences", "test_seed")
@@ -187,17 +185,6 @@ def bucket_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str
         if supervised.any():
             result[f"{low}-{min(high, length)}"] = (predictions[supervised] == labels[supervised]).float().mean().item()
     return result
-
-
-@contextmanager
-def float32_matmul_precision(precision: str) -> Iterator[None]:
-    """``torch.set_float32_matmul_precision(precision)`` inside the block, the previous value after it."""
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 @dataclass

@@ -42,13 +42,17 @@ def save_run_state(
         torch.save(payload, tmp)
 
 
-def load_run_state(path: str, config: dict[str, Any], resumable: Iterable[str]) -> dict[str, Any]:
+def load_run_state(
+    path: str, config: dict[str, Any], resumable: Iterable[str], defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The checkpoint at ``path``, after checking it was written by a run with the settings ``config``.
 
-    Raises ValueError naming the first setting that differs, unless it is one of ``resumable``.
+    Raises ValueError naming the first setting that differs, unless it is one of ``resumable``. A setting
+    the checkpoint does not name (one added to the config since it was written) counts as its value in
+    ``defaults``, the behaviour before the setting existed.
     """
     payload = torch.load(path, map_location="cpu", weights_only=True)
-    saved, resumable = payload["config"], set(resumable)
+    saved, resumable = {**(defaults or {}), **payload["config"]}, set(resumable)
     for name, value in config.items():
         if name not in resumable and saved.get(name) != value:
             raise ValueError(

@@ -36,6 +36,7 @@ import torch
 
 from ..data.synthetic import SYNTHETIC_TASK_NAMES, fixed_eval_set, get_synthetic_task, r2_score
 from ..fileio import append_jsonl
+from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from .run_state import load_run_state, restore_run_state, save_run_state
 from .synthetic_models import (
     ATTENTION_FAMILY,
@@ -76,6 +77,7 @@ class SyntheticRunConfig:
     model_config: dict[str, Any] = field(default_factory=dict)  # overrides of the family config
     device: str = "auto"
     log_every: int = 0
+    matmul_precision: str = "high"  # torch.set_float32_matmul_precision during the run (ops.precision)
     checkpoint: str | None = None  # file to save the run's progress to, and to resume from
     checkpoint_every: int = 100  # steps between checkpoints (and one after the last step)
 
@@ -127,6 +129,8 @@ def validate_run(config: SyntheticRunConfig):
         raise ValueError(f"lr must be a positive number, got {config.lr!r}")
     if not config.weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay!r}")
+    if config.matmul_precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}; got {config.matmul_precision!r}")
     if not isinstance(config.model_config, dict):
         raise ValueError(f"model_config must be a mapping of config fields, got {config.model_config!r}")
     if config.task in ("mqar", "associative_recall", "induction_head"):
@@ -202,7 +206,11 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
     task, model_config, device = validate_run(config)
     lr = config.lr if config.lr is not None else default_learning_rate(task.kind, config.model_type, config.seq_len)
     resume = config.checkpoint is not None and Path(config.checkpoint).exists()
-    saved = load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES) if resume else None
+    saved = (
+        load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES, asdict(SyntheticRunConfig()))
+        if resume
+        else None
+    )
     if saved is not None and saved["progress"]["step"] > config.max_steps:
         raise ValueError(
             f"max_steps must be at least the {saved['progress']['step']} steps the checkpoint "
@@ -221,29 +229,30 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
         progress = restore_run_state(saved, model, optimizer, data)
         log(f"resuming from {config.checkpoint} after step {progress['step']}")
     resumed_from_step = progress["step"]
-    model.train()
-    train_start = time.perf_counter()
-    for step in range(progress["step"] + 1, config.max_steps + 1):
-        inputs, targets = task.sample(config.batch_size, data)
-        loss = _loss(model, task, inputs.to(device), targets.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        progress["loss"] = loss.item()
-        if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
-            rate = (progress["train_s"] + time.perf_counter() - train_start) / step
-            log(f"step {step}/{config.max_steps}: loss {progress['loss']:.5f} ({rate:.3f} s/step)")
-        if config.checkpoint and (step % config.checkpoint_every == 0 or step == config.max_steps):
-            now = time.perf_counter()
-            progress |= {
-                "step": step,
-                "train_s": progress["train_s"] + now - train_start,
-                "elapsed_s": progress["elapsed_s"] + now - start,
-            }
-            save_run_state(config.checkpoint, asdict(config), model, optimizer, data, progress)
-            start, train_start = now, time.perf_counter()  # the save counts as wall time, not training time
-    progress["train_s"] += time.perf_counter() - train_start
-    scores = evaluate(model, task, eval_inputs, eval_targets, config.eval_batch_size, device)
+    with float32_matmul_precision(config.matmul_precision):
+        model.train()
+        train_start = time.perf_counter()
+        for step in range(progress["step"] + 1, config.max_steps + 1):
+            inputs, targets = task.sample(config.batch_size, data)
+            loss = _loss(model, task, inputs.to(device), targets.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            progress["loss"] = loss.item()
+            if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
+                rate = (progress["train_s"] + time.perf_counter() - train_start) / step
+                log(f"step {step}/{config.max_steps}: loss {progress['loss']:.5f} ({rate:.3f} s/step)")
+            if config.checkpoint and (step % config.checkpoint_every == 0 or step == config.max_steps):
+                now = time.perf_counter()
+                progress |= {
+                    "step": step,
+                    "train_s": progress["train_s"] + now - train_start,
+                    "elapsed_s": progress["elapsed_s"] + now - start,
+                }
+                save_run_state(config.checkpoint, asdict(config), model, optimizer, data, progress)
+                start, train_start = now, time.perf_counter()  # the save counts as wall time, not training time
+        progress["train_s"] += time.perf_counter() - train_start
+        scores = evaluate(model, task, eval_inputs, eval_targets, config.eval_batch_size, device)
     metric = "r2" if task.kind == "regression" else "accuracy"
     input_length = task.input_length if task.kind == "regression" else task.seq_len
     row = {
@@ -263,6 +272,7 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
         "resumed_from_step": resumed_from_step,
         "lr": lr,
         "batch_size": config.batch_size,
+        "matmul_precision": config.matmul_precision,
         "seed": config.seed,
         "eval_examples": config.eval_examples,
         "num_parameters": sum(p.numel() for p in model.parameters()),
@@ -315,6 +325,12 @@ def _parser() -> argparse.ArgumentParser:
         help='JSON overrides, e.g. {"state_size": 256, "kernel_type": "prod"}',
     )
     parser.add_argument("--device", default=d.device, help="auto (CUDA when available), cpu or cuda")
+    parser.add_argument(
+        "--matmul_precision",
+        default=d.matmul_precision,
+        choices=MATMUL_PRECISIONS,
+        help="float32 matmuls: 'medium' runs them as bfloat16 passes on CPUs with AVX512-BF16 (ops.precision)",
+    )
     parser.add_argument("--log_every", type=int, default=d.log_every, help="log the loss every N steps (0: never)")
     parser.add_argument("--checkpoint", help="save progress to this file and resume from it (see above)")
     parser.add_argument("--checkpoint_every", type=int, default=d.checkpoint_every, help="steps between saves")
