@@ -17,7 +17,7 @@ Sections (``--sections``, all by default), each with its budget as flags (defaul
     of examples), learning rates ``logspace(-4, -2, 4)``; a cell is the best accuracy at the query
     positions over the learning rates, for every family; a PNG of accuracy against width. Zoology's
     blocks have no MLP (as ours for dlr, h3, bdlrnn) and its attention 1 head with dropout 0.1; our
-    attention is GPT-2 (4 heads, with its MLP, no dropout).
+    attention is GPT-2 (4 heads, with its MLP and the exact GELU, no dropout).
 
 Every run goes through :func:`ssmhub.training.synthetic.run_synthetic` (what ``ssmhub-synthetic`` runs).
 Rows are appended to ``<results_dir>/synthetic.jsonl`` as runs finish; a run already there (same
@@ -294,8 +294,9 @@ def table1_section(records: list[dict]) -> str | None:
         + markdown_table(headers, table)
         + "\n\nR² on a fixed held-out set (mean over its batches of the batch R², the paper's metric). "
         "DLR: post-norm, N and dt from the row's model_config (paper: N 4096, dt 1e-5, lr 5e-5); attention is "
-        "transformers' GPT-2 (4 heads, with its MLP; the paper's block has none), lr 1e-3; batch and steps as listed "
-        '(paper: 64, 11K); "medium" marks a run with float32 matmuls as bfloat16 passes (`--matmul_precision`). '
+        "transformers' GPT-2 (4 heads, with its MLP, exact GELU; the paper's block has no MLP), lr 1e-3; "
+        'batch and steps as listed (paper: 64, 11K); "medium" marks a run with float32 matmuls as bfloat16 passes '
+        "(`--matmul_precision`). "
         "Reverse and Sort inputs are 2L long, Select L + 64."
     )
 
