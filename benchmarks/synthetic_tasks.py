@@ -44,7 +44,7 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
-from _report import RESULTS_DIR, markdown_table, write_report
+from _report import RESULTS_DIR, command_line, markdown_table, write_report
 
 from ssmhub.data.synthetic import REGRESSION_TASK_NAMES
 from ssmhub.fileio import append_jsonl, read_jsonl
@@ -240,6 +240,8 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
     return runs
 
 
+# Environment variables that change a run's speed (threads, glibc's allocator), recorded in its row.
+RUN_ENVIRONMENT = ("OMP_NUM_THREADS", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 # Fields of a run's config that do not change what it computes (the checkpoint file is derived from the rest).
 NOT_SETTINGS = ("device", "log_every", "checkpoint", "checkpoint_every")
 
@@ -428,6 +430,8 @@ def main() -> None:
             )
             row = run_synthetic(config)
             row["section"] = section
+            row["command"] = command_line()
+            row["environment"] = {k: os.environ[k] for k in RUN_ENVIRONMENT if k in os.environ}
             row["kernel_type"] = config.model_config.get("kernel_type", "real") if config.model_type == "dlr" else None
             print(
                 f"   {row['metric']} {row['value']:.4f} in {row['wall_s']:.1f} s ({row['s_per_step']:.3f} s/step)",
