@@ -276,6 +276,11 @@ def _cell(record: dict | None) -> str:
     return f"{record['value']:.3f} ({record['steps']} steps{precision})"
 
 
+def _timing(record: dict | None) -> str:
+    """Seconds per training step and the run's whole wall time."""
+    return f"{record['s_per_step']:.2f} ({record['wall_s'] / 60:.0f} min)" if record else ""
+
+
 def table1_section(records: list[dict]) -> str | None:
     rows = [r for r in records if r["section"] == "table1"]
     if not rows:
@@ -286,11 +291,11 @@ def table1_section(records: list[dict]) -> str | None:
         cells = [_best(rows, task=task, family=f) for f in families]
         if all(c is None for c in cells):
             continue
-        timing = [f"{c['s_per_step']:.3f}" if c else "" for c in cells]
+        timing = [_timing(c) for c in cells]
         table.append([task, *(_cell(c) for c in cells), *TABLE1_PAPER[task], *timing])
     example = rows[0]
     headers = ["task", *(f"{f} ({_best(rows, family=f)['layers']} layers)" for f in families)]
-    headers += ["paper e: DLR 6 layers", "paper f: attention 2 layers", *(f"{f} s/step" for f in families)]
+    headers += ["paper e: DLR 6 layers", "paper f: attention 2 layers", *(f"{f} s/step (wall)" for f in families)]
     return (
         f"## Table 1 layout: R² at L = {example['L']}\n\n"
         + markdown_table(headers, table)
@@ -299,7 +304,9 @@ def table1_section(records: list[dict]) -> str | None:
         "transformers' GPT-2 (4 heads, with its MLP, exact GELU; the paper's block has no MLP), lr 1e-3; "
         'batch and steps as listed (paper: 64, 11K); "medium" marks a run with float32 matmuls as bfloat16 passes '
         "(`--matmul_precision`). "
-        "Reverse and Sort inputs are 2L long, Select L + 64."
+        "Reverse and Sort inputs are 2L long, Select L + 64. Timing: training seconds per step and the run's whole "
+        "wall time (evaluation included), on the device of the row (the machine below: each run one torch thread, "
+        "two runs at a time)."
     )
 
 
@@ -314,10 +321,10 @@ def shift_section(records: list[dict]) -> str | None:
         if all(c is None for c in cells):
             continue
         paper = [SHIFT_PAPER[kernel].get(n, "") for n in lengths]
-        timing = [f"{c['s_per_step']:.3f}" if c else "" for c in cells]
+        timing = [_timing(c) for c in cells]
         table.append(["DLR" if kernel == "real" else "DLR-prod", *(_cell(c) for c in cells), *paper, *timing])
     headers = ["kernel", *(f"L = {n}" for n in lengths), *(f"paper, L = {n}" for n in lengths)]
-    headers += [f"s/step, L = {n}" for n in lengths]
+    headers += [f"s/step (wall), L = {n}" for n in lengths]
     return (
         "## Table 2: Shift, one layer, plain DLR kernel vs DLR-prod\n\n"
         + markdown_table(headers, table)
