@@ -49,7 +49,7 @@ from _report import RESULTS_DIR, command_line, markdown_table, write_report
 from ssmhub.data.synthetic import REGRESSION_TASK_NAMES
 from ssmhub.fileio import append_jsonl, read_jsonl
 from ssmhub.ops.precision import MATMUL_PRECISIONS
-from ssmhub.training.synthetic import SyntheticRunConfig, run_synthetic
+from ssmhub.training.synthetic import RESUMABLE_CHANGES, SyntheticRunConfig, run_synthetic
 
 TITLE = "Synthetic tasks: the DLR paper's atomic tasks (Tables 1-2) and MQAR"
 # The paper's Table 1 row order and its columns e (DLR, 6 layers, L = 2^9) and f (attention, 2 layers).
@@ -242,8 +242,9 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
 
 # Environment variables that change a run's speed (threads, glibc's allocator), recorded in its row.
 RUN_ENVIRONMENT = ("OMP_NUM_THREADS", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
-# Fields of a run's config that do not change what it computes (the checkpoint file is derived from the rest).
-NOT_SETTINGS = ("device", "log_every", "checkpoint", "checkpoint_every")
+# Fields of a run's config that do not change what it computes: those a resumed run may change, except its
+# budget. A checkpoint is shared by the configs that may resume each other (all of RESUMABLE_CHANGES ignored).
+NOT_SETTINGS = tuple(name for name in RESUMABLE_CHANGES if name != "max_steps")
 
 
 def _settings(config: dict, ignore: tuple[str, ...] = ()) -> dict:
@@ -258,7 +259,7 @@ def run_key(section: str, config: dict) -> str:
 
 def checkpoint_path(checkpoint_dir: str, section: str, config: dict) -> str:
     """The run's checkpoint file: named by its settings without the budget, so a larger budget resumes it."""
-    settings = _settings(config, ignore=("max_steps",))
+    settings = _settings(config, ignore=RESUMABLE_CHANGES)
     digest = hashlib.sha256(json.dumps([section, settings], sort_keys=True).encode()).hexdigest()[:16]
     return os.path.join(checkpoint_dir, f"{section}-{config['task']}-{config['model_type']}-{digest}.pt")
 
@@ -272,8 +273,12 @@ def _best(records: list[dict], **match) -> dict | None:
 def _cell(record: dict | None) -> str:
     if record is None:
         return "not run"
-    precision = ", medium" if record.get("matmul_precision", "high") == "medium" else ""
-    return f"{record['value']:.3f} ({record['steps']} steps{precision})"
+    return f"{record['value']:.3f} ({record['steps']} steps{_precision_note(record)})"
+
+
+def _precision_note(record: dict) -> str:
+    """', medium' for a run with float32 matmuls as bfloat16 passes (rows before the field: 'high')."""
+    return ", medium" if record.get("matmul_precision", "high") == "medium" else ""
 
 
 def _timing(record: dict | None) -> str:
@@ -355,8 +360,7 @@ def mqar_section(records: list[dict]) -> str | None:
                     continue
                 steps = max(r["steps"] for r in found)
                 best = max((r for r in found if r["steps"] == steps), key=lambda r: r["value"])
-                precision = ", medium" if best.get("matmul_precision", "high") == "medium" else ""
-                cells.append(f"{best['value']:.3f} (lr {best['lr']:g}, {steps} steps{precision})")
+                cells.append(f"{best['value']:.3f} (lr {best['lr']:g}, {steps} steps{_precision_note(best)})")
             table.append([f"L {length}, {pairs} pairs", family, *cells])
     headers = ["setting", "family", *(f"width {w}" for w in widths)]
     return (
