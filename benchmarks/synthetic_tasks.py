@@ -338,6 +338,22 @@ def shift_section(records: list[dict]) -> str | None:
     )
 
 
+def _mqar_best(rows: list[dict], length: int, pairs: int, family: str, width: int) -> dict | None:
+    """The cell's row: among the runs with the largest step budget, the best over learning rates."""
+    found = [r for r in rows if (r["L"], r["num_kv_pairs"], r["family"], r["width"]) == (length, pairs, family, width)]
+    if not found:
+        return None
+    steps = max(r["steps"] for r in found)
+    return max((r for r in found if r["steps"] == steps), key=lambda r: r["value"])
+
+
+def _mqar_cell(record: dict | None) -> str:
+    if record is None:
+        return "not run"
+    budget = f"{record['steps']} steps × {record['batch_size']}, {record['wall_s'] / 60:.0f} min"
+    return f"{record['value']:.3f} (lr {record['lr']:g}, {budget}{_precision_note(record)})"
+
+
 def mqar_section(records: list[dict]) -> str | None:
     rows = [r for r in records if r["section"] == "mqar"]
     if not rows:
@@ -345,30 +361,26 @@ def mqar_section(records: list[dict]) -> str | None:
     families = sorted({r["family"] for r in rows})
     widths = sorted({r["width"] for r in rows})
     configs = sorted({(r["L"], r["num_kv_pairs"]) for r in rows})
-    table = []
-    for length, pairs in configs:
-        for family in families:
-            cells = []
-            for width in widths:
-                found = [
-                    r
-                    for r in rows
-                    if (r["L"], r["num_kv_pairs"], r["family"], r["width"]) == (length, pairs, family, width)
-                ]
-                if not found:
-                    cells.append("not run")
-                    continue
-                steps = max(r["steps"] for r in found)
-                best = max((r for r in found if r["steps"] == steps), key=lambda r: r["value"])
-                cells.append(f"{best['value']:.3f} (lr {best['lr']:g}, {steps} steps{_precision_note(best)})")
-            table.append([f"L {length}, {pairs} pairs", family, *cells])
+    table = [
+        [
+            f"L {length}, {pairs} pairs",
+            family,
+            *(_mqar_cell(_mqar_best(rows, length, pairs, family, w)) for w in widths),
+        ]
+        for length, pairs in configs
+        for family in families
+    ]
     headers = ["setting", "family", *(f"width {w}" for w in widths)]
     return (
         "## MQAR: accuracy at the query positions\n\n"
         + markdown_table(headers, table)
-        + "\n\nZoology's MQAR (power-law gaps a = 0.01; vocabulary, batch and fill between the queries in each row "
-        "of synthetic.jsonl), fresh batches every step, 2 layers; each cell is the best accuracy over the learning "
-        "rates run, on a fixed held-out set. DLR uses post-norm, dt 1e-5 and the N of its model_config."
+        + "\n\nZoology's MQAR (power-law gaps a = 0.01, vocabulary 8192 unless synthetic.jsonl says otherwise; "
+        "0s between the queries unless a row's random_non_queries is set), fresh batches every step, 2 layers; "
+        "each cell is the best accuracy over the learning rates run at its largest budget (steps × batch; "
+        "Zoology: 64 epochs of 100K examples), on a fixed held-out set (the row's eval_examples), with the run's "
+        "whole wall time (one torch thread). DLR uses post-norm, dt 1e-5 and the N of its model_config; "
+        "attention is transformers' GPT-2; SeRpEnt and bdlrnn use their family defaults unless the row's "
+        "model_config says otherwise."
     )
 
 
@@ -388,10 +400,8 @@ def mqar_plot(records: list[dict], results_dir: str) -> str:
     fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3.4), squeeze=False)
     for ax, (length, pairs) in zip(axes[0], configs):
         for family in sorted({r["family"] for r in rows}):
-            points = {}
-            for r in rows:
-                if (r["L"], r["num_kv_pairs"], r["family"]) == (length, pairs, family):
-                    points[r["width"]] = max(points.get(r["width"], 0.0), r["value"])
+            cells = {w: _mqar_best(rows, length, pairs, family, w) for w in {r["width"] for r in rows}}
+            points = {w: cell["value"] for w, cell in cells.items() if cell is not None}
             if points:
                 xs = sorted(points)
                 ax.plot(xs, [points[x] for x in xs], marker="o", label=family)

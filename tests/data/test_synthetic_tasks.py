@@ -284,6 +284,19 @@ def test_mqar_batches_ask_every_key_once_after_the_pairs():
     assert torch.equal(again[0], input_ids) and torch.equal(again[1], labels)
 
 
+def test_mqar_keys_and_values_are_uniform_distinct_draws_in_random_order():
+    task = get_synthetic_task("mqar", 16, vocab_size=20, num_kv_pairs=4, random_non_queries=False)
+    input_ids, _ = task.sample(20000, gen())
+    keys, values = input_ids[:, 0:8:2], input_ids[:, 1:8:2]  # keys from 1..9, values from 10..19
+    for column in range(4):  # every slot is uniform over its range: no position favours small tokens
+        counts = keys[:, column].bincount(minlength=10)[1:].double()
+        assert counts.min() > 0.9 * 20000 / 9 and counts.max() < 1.1 * 20000 / 9
+        counts = values[:, column].bincount(minlength=20)[10:].double()
+        assert counts.min() > 0.9 * 20000 / 10 and counts.max() < 1.1 * 20000 / 10
+    ascending = (keys.diff(dim=-1) > 0).all(dim=-1).double().mean()
+    assert abs(float(ascending) - 1 / 24) < 0.01  # 1 of the 4! orders, as a random permutation
+
+
 def test_mqar_without_random_fill_leaves_zeros_and_gaps_follow_the_power_law():
     task = get_synthetic_task("mqar", 64, vocab_size=200, num_kv_pairs=4, random_non_queries=False)
     input_ids, labels = task.sample(2000, gen())

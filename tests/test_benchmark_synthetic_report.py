@@ -1,0 +1,59 @@
+"""benchmarks/synthetic_tasks.py: which run a report cell shows, in the table and in the plot."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from synthetic_tasks import _mqar_best, mqar_plot, mqar_section
+
+
+def _row(family, width, steps, lr, value, batch=128):
+    return {
+        "section": "mqar",
+        "L": 64,
+        "num_kv_pairs": 4,
+        "family": family,
+        "width": width,
+        "steps": steps,
+        "lr": lr,
+        "value": value,
+        "batch_size": batch,
+        "wall_s": 600.0,
+        "matmul_precision": "medium",
+    }
+
+
+ROWS = [
+    _row("dlr", 64, 600, 1e-3, 0.40),
+    _row("dlr", 64, 600, 1e-4, 0.55),  # best over learning rates at the largest budget
+    _row("dlr", 64, 300, 1e-2, 0.90),  # a smaller budget never wins, whatever its score
+    _row("h3", 128, 600, 1e-3, 0.75),
+]
+
+
+def test_a_cell_is_the_best_learning_rate_at_the_largest_budget():
+    assert _mqar_best(ROWS, 64, 4, "dlr", 64)["value"] == 0.55
+    assert _mqar_best(ROWS, 64, 4, "dlr", 128) is None
+    table = mqar_section(ROWS)
+    dlr_line = next(line for line in table.splitlines() if "| dlr |" in line)
+    assert "0.550 (lr 0.0001, 600 steps × 128, 10 min, medium)" in dlr_line
+    assert "not run" in dlr_line  # width 128
+    assert "0.900" not in table
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # Axes.plot is replaced below
+def test_the_plot_shows_the_cells_of_the_table(tmp_path, monkeypatch):
+    plotted = {}
+
+    import matplotlib.axes
+
+    def record(self, xs, ys, *args, label=None, **kwargs):
+        plotted[label] = (list(xs), list(ys))
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    line = mqar_plot(ROWS, str(tmp_path))
+    assert line.startswith("![")
+    assert (tmp_path / "synthetic_mqar.png").exists()
+    assert plotted == {"dlr": ([64], [0.55]), "h3": ([128], [0.75])}
