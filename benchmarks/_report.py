@@ -53,6 +53,8 @@ def machine_info() -> list[tuple[str, str]]:
         ("torch", torch.__version__),
         ("transformers", transformers_version),
         ("torch.get_num_threads()", str(torch.get_num_threads())),
+        # other jobs on a shared machine slow every timing in the report alike; their ratios still hold
+        ("load average (1, 5, 15 min) when written", ", ".join(f"{v:.2f}" for v in os.getloadavg())),
     ]
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ssmhub.ops.fftconv import fft_conv, fft_conv_ref, fft_size
+from ssmhub.ops.fftconv import fft_conv, fft_conv_ref, fft_size, smooth_fft_size
 
 LENGTHS = [1, 2, 7, 16, 100, 257, 1024]
 
@@ -21,15 +21,23 @@ def test_matches_reference(seq_len, kernel_len, bidirectional):
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_gradients_match_reference(bidirectional):
-    gen = torch.Generator().manual_seed(0)
-    u = torch.randn(2, 4, 33, generator=gen, requires_grad=True)
-    kernel = torch.randn(4, 33, generator=gen, requires_grad=True)
+@pytest.mark.parametrize(
+    ("batch", "seq_len", "kernel_len"),
+    [((2,), 33, 33), ((2, 3), 40, 11), ((1,), 1, 5), ((3,), 17, 50)],  # batch dims, shorter and longer kernels
+)
+@pytest.mark.parametrize("u_requires_grad", [True, False])
+def test_gradients_match_reference(bidirectional, batch, seq_len, kernel_len, u_requires_grad):
+    """The hand-written backward (real FFTs, the kernel gradient summed over every batch dim) against
+    autograd through the dense Toeplitz product in float64."""
+    gen = torch.Generator().manual_seed(seq_len)
+    u = torch.randn(*batch, 4, seq_len, generator=gen, requires_grad=u_requires_grad)
+    kernel = torch.randn(4, kernel_len, generator=gen, requires_grad=True)
     backward = torch.randn(4, 20, generator=gen, requires_grad=True) if bidirectional else None
-    weight = torch.randn(2, 4, 33, generator=gen)
-    inputs = [t for t in (u, kernel, backward) if t is not None]
-    fast = torch.autograd.grad((fft_conv(u, kernel, backward) * weight).sum(), inputs)
-    slow = torch.autograd.grad((fft_conv_ref(u, kernel, backward) * weight).sum(), inputs)
+    weight = torch.randn(*batch, 4, seq_len, generator=gen)
+    inputs = [t for t in (u, kernel, backward) if t is not None and t.requires_grad]
+    unused = {"allow_unused": True, "materialize_grads": True}  # at L = 1 no backward tap is used
+    fast = torch.autograd.grad((fft_conv(u, kernel, backward) * weight).sum(), inputs, **unused)
+    slow = torch.autograd.grad((fft_conv_ref(u, kernel, backward) * weight).sum(), inputs, **unused)
     for a, b in zip(fast, slow):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
@@ -50,6 +58,19 @@ def test_no_wraparound_leaks_future_tokens():
 def test_fft_size_covers_linear_convolution():
     assert fft_size(1) == 1 and fft_size(2) == 2 and fft_size(3) == 4 and fft_size(1024) == 1024
     assert fft_size(1025) == 2048
+
+
+def test_smooth_fft_size_is_the_smallest_5_smooth_size_that_covers_the_length():
+    def smooth(n):
+        for p in (2, 3, 5):
+            while n % p == 0:
+                n //= p
+        return n == 1
+
+    for length in range(1, 3000):
+        expected = next(n for n in range(length, 2 * length + 1) if smooth(n))
+        assert smooth_fft_size(length) == expected, length
+    assert smooth_fft_size(1151) == 1152 and smooth_fft_size(1024) == 1024
 
 
 def test_fp32_under_autocast():

@@ -25,7 +25,15 @@ import torch
 
 from .precision import float32_math
 
-__all__ = ["BACKENDS", "BackendFallbackWarning", "conv_circulant", "fft_conv", "fft_conv_ref", "fft_size"]
+__all__ = [
+    "BACKENDS",
+    "BackendFallbackWarning",
+    "conv_circulant",
+    "fft_conv",
+    "fft_conv_ref",
+    "fft_size",
+    "smooth_fft_size",
+]
 
 BACKENDS = ("torch", "butterfly", "triton", "auto")
 
@@ -33,6 +41,22 @@ BACKENDS = ("torch", "butterfly", "triton", "auto")
 def fft_size(length: int) -> int:
     """Smallest power of two that is at least ``length``."""
     return 1 << max(0, (length - 1).bit_length())
+
+
+def smooth_fft_size(length: int) -> int:
+    """Smallest ``2^a · 3^b · 5^c`` that is at least ``length``: a size torch's FFTs (pocketfft, MKL) compute
+    as fast per point as a power of two, up to 1.8× fewer points than :func:`fft_size` (1152 instead of
+    2048 for a 576-long input and kernel)."""
+    best = fft_size(length)
+    power5 = 1
+    while power5 < best:
+        power35 = power5
+        while power35 < best:
+            candidate = power35 * fft_size(-(-length // power35))  # the smallest 2^a · power35 >= length
+            best = min(best, candidate)
+            power35 *= 3
+        power5 *= 5
+    return best
 
 
 def _check_conv_args(u: torch.Tensor, kernel: torch.Tensor, kernel_backward: torch.Tensor | None) -> None:
@@ -166,12 +190,49 @@ def fft_conv(
     if kernel_backward is not None:
         kernel_backward = kernel_backward[:, : seq_len - 1]
     longest = max(kernel.shape[-1], 0 if kernel_backward is None else kernel_backward.shape[-1])
-    n = fft_size(seq_len + longest)  # >= L + K - 1: no circular wrap-around onto real outputs
+    n = smooth_fft_size(seq_len + longest)  # >= L + K - 1: no circular wrap-around onto real outputs
     circulant = conv_circulant(kernel, kernel_backward, n)  # (H, n)
-    kernel_f = torch.fft.rfft(circulant, n=n)  # (H, n//2 + 1)
-    u_f = torch.fft.rfft(u.float(), n=n)  # (..., H, n//2 + 1)
-    y = torch.fft.irfft(u_f * kernel_f, n=n)[..., :seq_len]  # (..., H, L)
-    return y.to(u.dtype)
+    return _CirculantConv.apply(u.float(), circulant).to(u.dtype)
+
+
+class _CirculantConv(torch.autograd.Function):
+    """``y = (circulant ⊛ pad_n(u))[..., :L]`` by real FFTs, with a backward made of real FFTs too.
+
+    Forward (seed paper §A.1): ``y = irfft(rfft(u, n) · C)[..., :L]`` with ``C = rfft(c)``.
+    Backward, with ``G = rfft(grad_y, n)`` (``grad_y`` zero-padded to n):
+
+    - ``grad_u = irfft(G · conj(C))[..., :L]``: the circular cross-correlation ``Σ_k grad_y[k] c[k − j]``;
+    - ``grad_c = irfft(Σ_batch G · conj(U))``: ``Σ_k grad_y[k] u[k − m]``, summed over the batch *before*
+      the inverse FFT, which is then one (H, n) transform.
+
+    Autograd through ``torch.fft.rfft`` computes the same gradient with a complex FFT of the full
+    length over a zero-filled spectrum, twice the work of a real one; this backward costs two
+    batch-sized real FFTs (``G`` and ``grad_u``). Both are exact for ``n >= L + K − 1`` (no wrap-around).
+    """
+
+    @staticmethod
+    def forward(ctx, u: torch.Tensor, circulant: torch.Tensor) -> torch.Tensor:
+        seq_len, n = u.shape[-1], circulant.shape[-1]
+        u_f = torch.fft.rfft(u, n=n)  # (..., H, n//2 + 1)
+        kernel_f = torch.fft.rfft(circulant, n=n)  # (H, n//2 + 1)
+        ctx.save_for_backward(u_f, kernel_f)
+        ctx.seq_len, ctx.n = seq_len, n
+        return torch.fft.irfft(u_f * kernel_f, n=n)[..., :seq_len]  # (..., H, L)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y: torch.Tensor):
+        u_f, kernel_f = ctx.saved_tensors
+        n = ctx.n
+        grad_f = torch.fft.rfft(grad_y, n=n)  # (..., H, n//2 + 1)
+        grad_u = grad_circulant = None
+        if ctx.needs_input_grad[0]:
+            grad_u = torch.fft.irfft(grad_f * kernel_f.conj(), n=n)[..., : ctx.seq_len]  # (..., H, L)
+        if ctx.needs_input_grad[1]:
+            heads, bins = kernel_f.shape
+            spectrum = (grad_f * u_f.conj()).reshape(-1, heads, bins).sum(0)  # (H, n//2 + 1)
+            grad_circulant = torch.fft.irfft(spectrum, n=n)  # (H, n)
+        return grad_u, grad_circulant
 
 
 def fft_conv_ref(
