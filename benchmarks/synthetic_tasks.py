@@ -264,9 +264,13 @@ def checkpoint_path(checkpoint_dir: str, section: str, config: dict) -> str:
     return os.path.join(checkpoint_dir, f"{section}-{config['task']}-{config['model_type']}-{digest}.pt")
 
 
+def _matching(records: list[dict], **match) -> list[dict]:
+    return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+
 def _best(records: list[dict], **match) -> dict | None:
     """The matching row with the largest step budget (the latest among equals)."""
-    found = [r for r in records if all(r.get(k) == v for k, v in match.items())]
+    found = _matching(records, **match)
     return max(reversed(found), key=lambda r: r["steps"]) if found else None
 
 
@@ -340,7 +344,7 @@ def shift_section(records: list[dict]) -> str | None:
 
 def _mqar_best(rows: list[dict], length: int, pairs: int, family: str, width: int) -> dict | None:
     """The cell's row: among the runs with the largest step budget, the best over learning rates."""
-    found = [r for r in rows if (r["L"], r["num_kv_pairs"], r["family"], r["width"]) == (length, pairs, family, width)]
+    found = _matching(rows, L=length, num_kv_pairs=pairs, family=family, width=width)
     if not found:
         return None
     steps = max(r["steps"] for r in found)
@@ -398,9 +402,10 @@ def mqar_plot(records: list[dict], results_dir: str) -> str:
         return "matplotlib is not installed: no MQAR plot."
     configs = sorted({(r["L"], r["num_kv_pairs"]) for r in rows})
     fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3.4), squeeze=False)
+    families, widths = sorted({r["family"] for r in rows}), sorted({r["width"] for r in rows})
     for ax, (length, pairs) in zip(axes[0], configs):
-        for family in sorted({r["family"] for r in rows}):
-            cells = {w: _mqar_best(rows, length, pairs, family, w) for w in {r["width"] for r in rows}}
+        for family in families:
+            cells = {w: _mqar_best(rows, length, pairs, family, w) for w in widths}
             points = {w: cell["value"] for w, cell in cells.items() if cell is not None}
             if points:
                 xs = sorted(points)
