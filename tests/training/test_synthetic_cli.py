@@ -114,6 +114,47 @@ def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path, task):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.pt", "whole.pt"]  # no temporary files left
 
 
+@pytest.mark.parametrize("family", ["dlr", "attention"])
+def test_the_optimizer_takes_the_backbone_groups_and_the_recurrence_learning_rate(family):
+    overrides = {"dlr": {"state_size": 8, "recurrence_learning_rate": 1e-4}, "attention": {}}[family]
+    task = get_synthetic_task("shift", 8)
+    config = backbone_config(family, 8, 1, task.input_length, overrides=overrides)
+    model = SyntheticRegressionModel(config, task.input_dim, task.output_dim, task.output_length)
+    optimizer = synthetic._build_optimizer(model, lr=1e-2, weight_decay=0.1)
+    placed = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    assert len(placed) == sum(len(g["params"]) for g in optimizer.param_groups)  # each parameter once
+    names = dict(model.named_parameters())
+    assert set(placed) == {id(p) for p in names.values()}
+    for name, param in names.items():
+        group = placed[id(param)]
+        if ".ssm." in f".{name}":  # a DLR recurrence: its own rate, never decayed
+            assert (group["lr"], group["weight_decay"]) == (1e-4, 0.0), name
+        elif name.startswith(("input_proj.", "readout.")):  # heads: matrices decayed, biases not
+            assert (group["lr"], group["weight_decay"]) == (1e-2, 0.1 if param.dim() > 1 else 0.0), name
+        else:
+            assert group["lr"] == 1e-2, name
+    if family == "dlr":
+        assert any(".ssm." in f".{name}" for name in names)
+
+
+def test_a_checkpoint_with_one_optimizer_group_resumes_into_the_groups(tmp_path, monkeypatch):
+    """Checkpoints written when the optimizer was one AdamW over parameters() resume bit for bit."""
+    whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
+    uninterrupted = run_synthetic(tiny(max_steps=5, checkpoint=str(whole)), log=lambda _: None)
+    with monkeypatch.context() as patch:
+        patch.setattr(synthetic, "_build_optimizer", lambda m, lr, wd: torch.optim.AdamW(m.parameters(), lr, weight_decay=wd))
+        run_synthetic(tiny(max_steps=3, checkpoint=str(pieces)), log=lambda _: None)
+    assert len(torch.load(pieces, weights_only=True)["optimizer"]["param_groups"]) == 1
+    resumed = run_synthetic(tiny(max_steps=5, checkpoint=str(pieces)), log=lambda _: None)
+    assert (resumed["value"], resumed["final_train_loss"]) == (uninterrupted["value"], uninterrupted["final_train_loss"])
+    a, b = torch.load(whole, weights_only=True), torch.load(pieces, weights_only=True)
+    assert len(b["optimizer"]["param_groups"]) > 1
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for key, state in a["optimizer"]["state"].items():
+        assert all(torch.equal(state[k], b["optimizer"]["state"][key][k]) for k in state), key
+
+
 def test_a_checkpoint_is_refused_for_other_settings_or_a_smaller_budget(tmp_path):
     path = str(tmp_path / "run.pt")
     run_synthetic(tiny(max_steps=4, checkpoint=path), log=lambda _: None)

@@ -67,7 +67,34 @@ def restore_run_state(
 ) -> dict[str, Any]:
     """Load a checkpoint's states into the run's objects (and torch's RNG); returns its progress record."""
     model.load_state_dict(payload["model"])
-    optimizer.load_state_dict(payload["optimizer"])
+    optimizer.load_state_dict(_regrouped(payload["optimizer"], model, optimizer))
     data_generator.set_state(payload["data_generator"])
     torch.set_rng_state(payload["torch_rng"])
     return payload["progress"]
+
+
+def _regrouped(saved: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``saved`` (an optimizer state dict) in the parameter groups of ``optimizer``.
+
+    A checkpoint written before a run's optimizer had parameter groups holds one group over
+    ``model.parameters()`` in that order; its per-parameter states (Adam's step and moments) are moved
+    to where each parameter sits in ``optimizer``'s groups, which keep their own hyperparameters. Any
+    other state dict is returned as it is, for ``Optimizer.load_state_dict`` to check.
+    """
+    if len(saved["param_groups"]) != 1 or len(optimizer.param_groups) == 1:
+        return saved
+    old_keys = saved["param_groups"][0]["params"]  # state keys, in model.parameters() order
+    old_position = {id(param): i for i, param in enumerate(model.parameters())}
+    flat = [param for group in optimizer.param_groups for param in group["params"]]
+    if len(old_keys) != len(old_position) or len(flat) != len(old_position):
+        raise ValueError(
+            f"the checkpoint's optimizer holds {len(old_keys)} parameters in one group; the model has "
+            f"{len(old_position)} and the optimizer {len(flat)} in {len(optimizer.param_groups)} groups"
+        )
+    current = optimizer.state_dict()  # its param_groups number the parameters 0, 1, ... in group order
+    state = {
+        index: saved["state"][old_keys[old_position[id(param)]]]
+        for index, param in enumerate(flat)
+        if old_keys[old_position[id(param)]] in saved["state"]
+    }
+    return {"state": state, "param_groups": current["param_groups"]}

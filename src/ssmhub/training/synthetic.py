@@ -1,7 +1,8 @@
 """Train any family on a synthetic task and score it on a fixed held-out set (``ssmhub-synthetic``).
 
 The protocol of the DLR paper for its atomic tasks (arXiv:2212.00768, §3.3 and §A.6): a fresh batch
-every step, Adam(W) at a constant learning rate with no weight decay, no warmup or clipping; the
+every step, AdamW at a constant learning rate with no weight decay, no warmup or clipping (over the
+backbone's own parameter groups, so a ``recurrence_learning_rate`` in ``model_config`` applies); the
 regression tasks minimize the MSE and are scored by R² (``1 − MSE/Var`` with the batch mean, averaged
 over the evaluation batches). The token-recall tasks (MQAR, associative recall, induction head) minimize
 the cross entropy at their labelled positions and are scored by accuracy there (Zoology's metric).
@@ -158,6 +159,12 @@ def _build_model(task, model_config) -> torch.nn.Module:
     return SyntheticTokenModel(model_config, task.num_labels)
 
 
+def _build_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the model's groups: the backbone's own (its recurrence learning rate, no decay on
+    recurrences, norms and biases), then the task heads'."""
+    return torch.optim.AdamW(model.optimizer_param_groups(weight_decay, lr), lr=lr, weight_decay=weight_decay)
+
+
 def _loss(model, task, inputs, targets) -> torch.Tensor:
     if task.kind == "regression":
         return torch.nn.functional.mse_loss(model(inputs), targets)
@@ -221,7 +228,7 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
 
     torch.manual_seed(config.seed)
     model = _build_model(task, model_config).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
+    optimizer = _build_optimizer(model, lr, config.weight_decay)
     data = torch.Generator().manual_seed(config.seed)
     # train_s: time spent in training steps; elapsed_s: whole wall time; both over earlier sessions too
     progress = {"step": 0, "loss": math.nan, "train_s": 0.0, "elapsed_s": 0.0}

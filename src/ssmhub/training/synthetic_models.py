@@ -123,7 +123,35 @@ def _backbone(config) -> nn.Module:
     return AutoModel.from_config(config)
 
 
-class SyntheticRegressionModel(nn.Module):
+class _SyntheticModel(nn.Module):
+    """A backbone with task heads around it; the heads are every child but ``backbone``."""
+
+    backbone: nn.Module
+
+    def optimizer_param_groups(self, weight_decay: float = 0.0, lr: float | None = None) -> list[dict]:
+        """Parameter groups for a torch optimizer: the backbone's own, then the heads'.
+
+        An ssmhub backbone gives its :meth:`~ssmhub.models.modeling_recurrent.RecurrentPreTrainedModel.optimizer_param_groups`
+        (no weight decay on biases, norms, embeddings and recurrence parameters; the recurrence parameters
+        at ``config.recurrence_learning_rate``, which a run sets through its ``model_config``); GPT-2 gives
+        one group, decayed. The heads' matrices are decayed, their biases not. With ``weight_decay=0`` and
+        no recurrence learning rate every parameter is updated as by one AdamW over ``parameters()``.
+        """
+        if hasattr(self.backbone, "optimizer_param_groups"):
+            groups = self.backbone.optimizer_param_groups(weight_decay=weight_decay, lr=lr)
+        else:
+            groups = [{"params": list(self.backbone.parameters()), "weight_decay": weight_decay}]
+        heads = [module for name, module in self.named_children() if name != "backbone"]
+        matrices = [p for head in heads for p in head.parameters() if p.dim() > 1]
+        vectors = [p for head in heads for p in head.parameters() if p.dim() <= 1]
+        groups += [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
+        if lr is not None:
+            for group in groups:
+                group.setdefault("lr", lr)
+        return [group for group in groups if group["params"]]
+
+
+class SyntheticRegressionModel(_SyntheticModel):
     """``inputs (B, T, D_in) -> predictions (B, L', D_out)``: projection, backbone, readout at the last L'."""
 
     def __init__(self, config, input_dim: int, output_dim: int, output_length: int):
@@ -139,7 +167,7 @@ class SyntheticRegressionModel(nn.Module):
         return self.readout(hidden[:, -self.output_length :])  # (B, L', D_out)
 
 
-class SyntheticTokenModel(nn.Module):
+class SyntheticTokenModel(_SyntheticModel):
     """``input_ids (B, L)`` -> logits over the vocabulary at the labelled positions, and their cross entropy."""
 
     def __init__(self, config, num_labels: int):
