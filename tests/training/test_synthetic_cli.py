@@ -142,11 +142,16 @@ def test_a_checkpoint_with_one_optimizer_group_resumes_into_the_groups(tmp_path,
     whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
     uninterrupted = run_synthetic(tiny(max_steps=5, checkpoint=str(whole)), log=lambda _: None)
     with monkeypatch.context() as patch:
-        patch.setattr(synthetic, "_build_optimizer", lambda m, lr, wd: torch.optim.AdamW(m.parameters(), lr, weight_decay=wd))
+        patch.setattr(
+            synthetic, "_build_optimizer", lambda m, lr, wd: torch.optim.AdamW(m.parameters(), lr, weight_decay=wd)
+        )
         run_synthetic(tiny(max_steps=3, checkpoint=str(pieces)), log=lambda _: None)
     assert len(torch.load(pieces, weights_only=True)["optimizer"]["param_groups"]) == 1
     resumed = run_synthetic(tiny(max_steps=5, checkpoint=str(pieces)), log=lambda _: None)
-    assert (resumed["value"], resumed["final_train_loss"]) == (uninterrupted["value"], uninterrupted["final_train_loss"])
+    assert (resumed["value"], resumed["final_train_loss"]) == (
+        uninterrupted["value"],
+        uninterrupted["final_train_loss"],
+    )
     a, b = torch.load(whole, weights_only=True), torch.load(pieces, weights_only=True)
     assert len(b["optimizer"]["param_groups"]) > 1
     for name, tensor in a["model"].items():

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 from .fftconv import fft_conv
 from .precision import float32_math
@@ -46,6 +46,7 @@ __all__ = [
 READOUTS = ("real", "half_imag")
 _TWO_PI = 2.0 * math.pi
 _CHUNK_ELEMENTS = 1 << 20  # complex entries of one Vandermonde chunk (8 MB)
+_FINE_POWERS = 64  # Λ^j for j below this are formed once per call; Λ^k = Λ^(k-j)·Λ^j
 
 
 def _readout(z: torch.Tensor, readout: str) -> torch.Tensor:
@@ -56,16 +57,54 @@ def _readout(z: torch.Tensor, readout: str) -> torch.Tensor:
     raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
 
 
-def lambda_powers(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, length: int) -> torch.Tensor:
-    """``Λ^k`` for ``k = start .. start+length-1`` as a complex64 (..., N, length) tensor.
+def _exact_powers(log_modulus: torch.Tensor, phase: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``Λ^k`` in complex128 for float64 exponents ``k`` (..., N, len(k)): modulus and phase formed
+    in float64, the phase reduced modulo 2π before its cosine and sine."""
+    magnitude = torch.exp(log_modulus.double().unsqueeze(-1) * k)  # (..., N, K)
+    angle = torch.remainder(phase.double().unsqueeze(-1) * k, _TWO_PI)  # (..., N, K)
+    return torch.polar(magnitude, angle)
 
-    ``log Λ = log_modulus + i·phase``; the exponent ``k·log Λ`` is formed in float64 and the phase
-    reduced modulo 2π before the cast, so entries stay accurate to float32 precision at any k.
+
+def lambda_powers(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """``Λ^k`` for ``k = start .. start+length-1`` as a complex64 (..., N, length) tensor (see
+    :func:`_powers_complex128`)."""
+    return _powers_complex128(log_modulus, phase, start, length).to(torch.complex64)
+
+
+def _fine_powers(log_modulus: torch.Tensor, phase: torch.Tensor, length: int) -> torch.Tensor:
+    """``Λ^j`` for ``j < min(_FINE_POWERS, length)``, complex128 (..., N, S): shared by all chunks of a call."""
+    k = torch.arange(min(_FINE_POWERS, length), device=log_modulus.device, dtype=torch.float64)
+    return _exact_powers(log_modulus, phase, k)
+
+
+def _powers_complex128(
+    log_modulus: torch.Tensor, phase: torch.Tensor, start: int, length: int, fine: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``Λ^k`` for ``k = start .. start+length-1``, complex128 (..., N, length).
+
+    ``log Λ = log_modulus + i·phase``. With ``k = start + b·S + j`` (``j < S``), ``Λ^k`` is the complex128
+    product of ``Λ^{start + b·S}`` and ``Λ^j`` (``fine``, from :func:`_fine_powers` when not given), each
+    formed exactly by :func:`_exact_powers` (float64 exponent, phase reduced modulo 2π). Every entry so
+    keeps float32 accuracy at any k, while exp, cos and sin run over ``N·(S + length/S)`` entries
+    instead of ``N·length``.
     """
-    k = torch.arange(start, start + length, device=log_modulus.device, dtype=torch.float64)
-    magnitude = torch.exp(log_modulus.double().unsqueeze(-1) * k)  # (..., N, C)
-    angle = torch.remainder(phase.double().unsqueeze(-1) * k, _TWO_PI)  # (..., N, C)
-    return torch.complex((magnitude * torch.cos(angle)).float(), (magnitude * torch.sin(angle)).float())
+    fine = _fine_powers(log_modulus, phase, length) if fine is None else fine
+    fine_size = fine.shape[-1]
+    starts = start + fine_size * torch.arange(-(-length // fine_size), device=fine.device, dtype=torch.float64)
+    coarse = _exact_powers(log_modulus, phase, starts)  # (..., N, ⌈length/S⌉)
+    powers = coarse.unsqueeze(-1) * fine.unsqueeze(-2)  # (..., N, ⌈length/S⌉, S)
+    return powers.flatten(-2)[..., :length]  # (..., N, length)
+
+
+def _vandermonde_planes(
+    log_modulus: torch.Tensor, phase: torch.Tensor, start: int, length: int, fine: torch.Tensor
+) -> torch.Tensor:
+    """``[Re P; Im P]`` for ``P = Λ^k`` (k from ``start``; (N,) parameters): a float32 (2N, length) matrix,
+    so that ``Re(W P)`` and ``Im(W P)`` are each one real matmul, with ``[W_re, −W_im]`` and ``[W_im, W_re]``."""
+    powers = torch.view_as_real(_powers_complex128(log_modulus, phase, start, length, fine))  # (N, C, 2)
+    planes = torch.empty(2, powers.shape[0], length, device=powers.device)  # (2, N, C) float32
+    planes.copy_(powers.permute(2, 0, 1))  # one strided copy that also casts
+    return planes.flatten(0, 1)  # (2N, C)
 
 
 def _lambda(log_modulus: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
@@ -78,13 +117,77 @@ def _chunks(length: int, state_size: int) -> list[tuple[int, int]]:
     return [(s, min(step, length - s)) for s in range(0, length, step)]
 
 
-def _kernel_chunk(log_modulus, phase, w_re, w_im, start: int, length: int, product: bool) -> torch.Tensor:
-    powers = lambda_powers(log_modulus, phase, start, length)  # (N, C)
-    k_re = w_re @ powers.real - w_im @ powers.imag  # (H, C) = Re(w P)
+def _readout_weights(w_re: torch.Tensor, w_im: torch.Tensor, product: bool) -> torch.Tensor:
+    """Rows that take ``[Re P; Im P]`` to ``Re(W P)`` (H, 2N), and for the product kernel also to ``Im(W P)``."""
+    real_rows = torch.cat([w_re, -w_im], dim=-1)  # (H, 2N)
+    return torch.cat([real_rows, torch.cat([w_im, w_re], dim=-1)]) if product else real_rows  # (2H, 2N)
+
+
+def _kernel_chunk(log_modulus, phase, fine, readout_weights, start: int, length: int, product: bool) -> torch.Tensor:
+    z = readout_weights @ _vandermonde_planes(log_modulus, phase, start, length, fine)  # (H or 2H, C): Re, Im of W P
     if not product:
-        return k_re
-    k_im = w_re @ powers.imag + w_im @ powers.real  # (H, C) = Im(w P)
-    return k_re * k_im
+        return z
+    channels = z.shape[0] // 2
+    return z[:channels] * z[channels:]  # Re(W P)·Im(W P)
+
+
+class _VandermondeKernel(torch.autograd.Function):
+    """``K = Re(Z)`` or ``Re(Z)·Im(Z)`` for ``Z = W P``, ``P_nk = exp(k·(a_n + iθ_n))``, built in chunks of k.
+
+    The backward recomputes each chunk of ``P`` and needs only two products with it, where autograd
+    through the float64 construction of ``P`` (exp, cos, sin, remainder over N×L) took most of the
+    kernel's time. With ``Γ = ∂ℓ/∂Re Z − i·∂ℓ/∂Im Z`` (H×L complex; ``ℓ`` real):
+
+    - ``∂ℓ/∂W_re = Re(Γ Pᵀ)`` and ``∂ℓ/∂W_im = −Im(Γ Pᵀ)``, since ``dℓ = Re Σ Γ_hk dZ_hk``;
+    - ``∂ℓ/∂a_n = Re S_n`` and ``∂ℓ/∂θ_n = −Im S_n`` with ``S_n = Σ_h W_hn ((Γ ⊙ k) Pᵀ)_hn``, since
+      ``dP_nk = k·P_nk·(da_n + i·dθ_n)``.
+
+    ``Γ = G`` for the plain kernel and ``G·Im Z − i·G·Re Z`` for the product kernel (``G = ∂ℓ/∂K``).
+    """
+
+    @staticmethod
+    def forward(ctx, log_modulus, phase, w_re, w_im, length: int, product: bool):
+        ctx.save_for_backward(log_modulus, phase, w_re, w_im)
+        ctx.length, ctx.product = length, product
+        weights, fine = _readout_weights(w_re, w_im, product), _fine_powers(log_modulus, phase, length)
+        chunks = _chunks(length, log_modulus.shape[-1])
+        return torch.cat([_kernel_chunk(log_modulus, phase, fine, weights, s, c, product) for s, c in chunks], dim=-1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        log_modulus, phase, w_re, w_im = ctx.saved_tensors
+        grad = grad.float()
+        num_modes, channels = log_modulus.shape[-1], w_re.shape[0]
+        m = torch.zeros(channels, 2 * num_modes, device=grad.device)  # [Re | Im] of Γ Pᵀ, (H, 2N)
+        mk = torch.zeros_like(m)  # [Re | Im] of (Γ ⊙ k) Pᵀ
+        weights = _readout_weights(w_re, w_im, ctx.product) if ctx.product else None
+        fine = _fine_powers(log_modulus, phase, ctx.length)
+        for start, size in _chunks(ctx.length, num_modes):
+            stacked = _vandermonde_planes(log_modulus, phase, start, size, fine)  # (2N, C): [P_re; P_im]
+            g = grad[:, start : start + size]  # (H, C)
+            taps = torch.arange(start, start + size, device=grad.device, dtype=torch.float32)  # k
+            if ctx.product:
+                z = weights @ stacked  # (2H, C)
+                z_re, z_im = z[:channels], z[channels:]
+                gamma_re, gamma_im = g * z_im, -(g * z_re)
+                rows = torch.cat([gamma_re, gamma_re * taps, gamma_im, gamma_im * taps])  # (4H, C)
+            else:
+                rows = torch.cat([g, g * taps])  # (2H, C): Γ = G is real
+            products = rows @ stacked.mT  # (2H or 4H, 2N): rows times [P_re; P_im]ᵀ
+            re_part, im_part = products[:, :num_modes], products[:, num_modes:]  # X P_reᵀ, X P_imᵀ
+            if ctx.product:  # (Γ_re + iΓ_im)(P_re + iP_im)ᵀ, for Γ and Γ ⊙ k
+                real = re_part[: 2 * channels] - im_part[2 * channels :]
+                imag = im_part[: 2 * channels] + re_part[2 * channels :]
+            else:
+                real, imag = re_part, im_part
+            m += torch.cat([real[:channels], imag[:channels]], dim=-1)
+            mk += torch.cat([real[channels:], imag[channels:]], dim=-1)
+        m_re, m_im = m[:, :num_modes], m[:, num_modes:]
+        mk_re, mk_im = mk[:, :num_modes], mk[:, num_modes:]
+        s_re = (w_re * mk_re - w_im * mk_im).sum(0)  # Re Σ_h W_hn ((Γ⊙k) Pᵀ)_hn, (N,)
+        s_im = (w_re * mk_im + w_im * mk_re).sum(0)
+        return s_re, -s_im, m_re, -m_im, None, None
 
 
 @float32_math
@@ -104,8 +207,8 @@ def dlr_kernel(
         kernel_type: ``"real"`` (DLR) or ``"prod"`` (DLR-prod).
 
     Returns:
-        (H, L) float32 kernel. Memory is bounded by chunking over L; under autograd each chunk is
-        recomputed in the backward pass.
+        (H, L) float32 kernel. Memory is bounded by chunking over L; the backward pass recomputes each
+        chunk (:class:`_VandermondeKernel`).
     """
     if kernel_type not in ("real", "prod"):
         raise ValueError(f"kernel_type must be 'real' or 'prod'; got {kernel_type!r}")
@@ -113,16 +216,7 @@ def dlr_kernel(
         raise ValueError(f"length must be positive; got {length}")
     log_modulus = -(log_lambda_re.float() ** 2)
     w_re, w_im = weight[..., 0].float(), weight[..., 1].float()
-    product = kernel_type == "prod"
-    chunks = _chunks(length, log_modulus.shape[-1])
-    if len(chunks) == 1:
-        return _kernel_chunk(log_modulus, log_lambda_im, w_re, w_im, 0, length, product)
-    use_checkpoint = torch.is_grad_enabled() and any(t.requires_grad for t in (log_lambda_re, log_lambda_im, weight))
-    parts = []
-    for start, size in chunks:
-        args = (log_modulus, log_lambda_im, w_re, w_im, start, size, product)
-        parts.append(checkpoint(_kernel_chunk, *args, use_reentrant=False) if use_checkpoint else _kernel_chunk(*args))
-    return torch.cat(parts, dim=-1)
+    return _VandermondeKernel.apply(log_modulus, log_lambda_im.float(), w_re, w_im, length, kernel_type == "prod")
 
 
 def dlr_kernel_ref(
