@@ -106,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
         help="checkpoint every run here and resume it: a run asked for again with a larger budget continues",
     )
     p.add_argument("--checkpoint_every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument("--log_every", type=int, default=0, help="print the training loss every N steps (0: never)")
     p.add_argument(
         "--matmul_precision",
         default="high",
@@ -168,6 +169,7 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
         "seed": args.seed,
         "device": args.device,
         "checkpoint_every": args.checkpoint_every,
+        "log_every": args.log_every,
         "matmul_precision": args.matmul_precision,
     }
     runs = []
@@ -454,7 +456,7 @@ def main() -> None:
                 f"{config.num_layers} layers, {config.max_steps} steps, lr {config.lr:g} {config.model_config or ''}",
                 flush=True,
             )
-            row = run_synthetic(config)
+            row = run_synthetic(config, log=lambda line: print(f"   {line}", flush=True))
             row["section"] = section
             row["command"] = command_line()
             row["environment"] = {k: os.environ[k] for k in RUN_ENVIRONMENT if k in os.environ}
