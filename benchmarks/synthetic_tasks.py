@@ -403,25 +403,28 @@ def mqar_plot(records: list[dict], results_dir: str) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
     except ImportError:
         return "matplotlib is not installed: no MQAR plot."
     configs = sorted({(r["L"], r["num_kv_pairs"]) for r in rows})
-    fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3.8), squeeze=False)
     families, widths = sorted({r["family"] for r in rows}), sorted({r["width"] for r in rows})
+    colors = {family: f"C{i}" for i, family in enumerate(families)}  # one colour per family in every panel
     for ax, (length, pairs) in zip(axes[0], configs):
         for family in families:
             cells = {w: _mqar_best(rows, length, pairs, family, w) for w in widths}
             points = {w: cell["value"] for w, cell in cells.items() if cell is not None}
             if points:
                 xs = sorted(points)
-                ax.plot(xs, [points[x] for x in xs], marker="o", label=family)
+                ax.plot(xs, [points[x] for x in xs], marker="o", color=colors[family], label=family)
         ax.set_xscale("log", base=2)
         ax.set_title(f"L = {length}, {pairs} pairs")
         ax.set_xlabel("width")
         ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel("MQAR accuracy")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
+    legend = [Line2D([], [], color=colors[f], marker="o", label=f) for f in families]  # every family, once
+    fig.legend(handles=legend, loc="upper center", ncol=len(families), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     path = os.path.join(results_dir, "synthetic_mqar.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)

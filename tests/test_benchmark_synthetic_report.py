@@ -48,12 +48,23 @@ def test_the_plot_shows_the_cells_of_the_table(tmp_path, monkeypatch):
     plotted = {}
 
     import matplotlib.axes
+    import matplotlib.figure
 
-    def record(self, xs, ys, *args, label=None, **kwargs):
-        plotted[label] = (list(xs), list(ys))
+    def record(self, xs, ys, *args, label=None, color=None, **kwargs):
+        plotted.setdefault(label, []).append((self, list(xs), list(ys), color))
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
-    line = mqar_plot(ROWS, str(tmp_path))
+    other_setting = [{**r, "L": 128, "num_kv_pairs": 8} for r in ROWS if r["family"] == "h3"]
+    legends = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "legend", lambda self, handles, **kw: legends.append(handles))
+    line = mqar_plot(ROWS + other_setting, str(tmp_path))
     assert line.startswith("![")
     assert (tmp_path / "synthetic_mqar.png").exists()
-    assert plotted == {"dlr": ([64], [0.55]), "h3": ([128], [0.75])}
+    plotted = {label: [(ax.get_title(), *rest) for ax, *rest in calls] for label, calls in plotted.items()}
+    h3_color = plotted["h3"][0][3]
+    assert plotted == {
+        "dlr": [("L = 64, 4 pairs", [64], [0.55], "C0")],
+        "h3": [("L = 64, 4 pairs", [128], [0.75], h3_color), ("L = 128, 8 pairs", [128], [0.75], h3_color)],
+    }
+    assert h3_color != "C0"  # h3 keeps its colour in a panel where it is the only family
+    assert [h.get_label() for h in legends[0]] == ["dlr", "h3"]  # one legend naming every family
