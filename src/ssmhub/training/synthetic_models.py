@@ -131,11 +131,12 @@ class _SyntheticModel(nn.Module):
     def optimizer_param_groups(self, weight_decay: float = 0.0, lr: float | None = None) -> list[dict]:
         """Parameter groups for a torch optimizer: the backbone's own, then the heads'.
 
-        An ssmhub backbone gives its :meth:`~ssmhub.models.modeling_recurrent.RecurrentPreTrainedModel.optimizer_param_groups`
-        (no weight decay on biases, norms, embeddings and recurrence parameters; the recurrence parameters
-        at ``config.recurrence_learning_rate``, which a run sets through its ``model_config``); GPT-2 gives
-        one group, decayed. The heads' matrices are decayed, their biases not. With ``weight_decay=0`` and
-        no recurrence learning rate every parameter is updated as by one AdamW over ``parameters()``.
+        An ssmhub backbone gives its own groups
+        (:meth:`~ssmhub.models.modeling_recurrent.RecurrentPreTrainedModel.optimizer_param_groups`): no
+        weight decay on biases, norms, embeddings and recurrence parameters, the recurrence parameters at
+        ``config.recurrence_learning_rate`` (which a run sets through its ``model_config``). GPT-2 gives one
+        group, decayed. The heads' matrices are decayed, their biases not. With ``weight_decay=0`` and no
+        recurrence learning rate every parameter is updated as by one AdamW over ``parameters()``.
         """
         if hasattr(self.backbone, "optimizer_param_groups"):
             groups = self.backbone.optimizer_param_groups(weight_decay=weight_decay, lr=lr)
