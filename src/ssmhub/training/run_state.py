@@ -84,17 +84,14 @@ def _regrouped(saved: dict[str, Any], model: torch.nn.Module, optimizer: torch.o
     if len(saved["param_groups"]) != 1 or len(optimizer.param_groups) == 1:
         return saved
     old_keys = saved["param_groups"][0]["params"]  # state keys, in model.parameters() order
-    old_position = {id(param): i for i, param in enumerate(model.parameters())}
+    saved_key = {id(param): key for param, key in zip(model.parameters(), old_keys)}
     flat = [param for group in optimizer.param_groups for param in group["params"]]
-    if len(old_keys) != len(old_position) or len(flat) != len(old_position):
+    if not len(old_keys) == len(saved_key) == len(flat):
         raise ValueError(
             f"the checkpoint's optimizer holds {len(old_keys)} parameters in one group; the model has "
-            f"{len(old_position)} and the optimizer {len(flat)} in {len(optimizer.param_groups)} groups"
+            f"{len(list(model.parameters()))} and the optimizer {len(flat)} in {len(optimizer.param_groups)} groups"
         )
     current = optimizer.state_dict()  # its param_groups number the parameters 0, 1, ... in group order
-    state = {
-        index: saved["state"][old_keys[old_position[id(param)]]]
-        for index, param in enumerate(flat)
-        if old_keys[old_position[id(param)]] in saved["state"]
-    }
+    moved = ((index, saved_key[id(param)]) for index, param in enumerate(flat))
+    state = {index: saved["state"][key] for index, key in moved if key in saved["state"]}
     return {"state": state, "param_groups": current["param_groups"]}

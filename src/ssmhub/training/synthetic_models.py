@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .param_groups import param_groups
+
 __all__ = [
     "ATTENTION_FAMILY",
     "SyntheticRegressionModel",
@@ -138,10 +140,7 @@ class _SyntheticModel(nn.Module):
         group, decayed. The heads' matrices are decayed, their biases not. With ``weight_decay=0`` and no
         recurrence learning rate every parameter is updated as by one AdamW over ``parameters()``.
         """
-        if hasattr(self.backbone, "optimizer_param_groups"):
-            groups = self.backbone.optimizer_param_groups(weight_decay=weight_decay, lr=lr)
-        else:
-            groups = [{"params": list(self.backbone.parameters()), "weight_decay": weight_decay}]
+        groups = param_groups(self.backbone, weight_decay, lr)
         heads = [module for name, module in self.named_children() if name != "backbone"]
         matrices = [p for head in heads for p in head.parameters() if p.dim() > 1]
         vectors = [p for head in heads for p in head.parameters() if p.dim() <= 1]

@@ -41,6 +41,7 @@ from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import build_windows, check_data_dir, corpus_source, iter_documents
 from .model_card import final_metrics, push_folder_to_hub, write_model_card
+from .param_groups import param_groups
 
 __all__ = ["EpochShuffleSampler", "TrainResult", "build_model_config", "lr_lambda", "train"]
 
@@ -142,15 +143,6 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {config.tokenizer} has no eos token (needed to join documents)")
     return tokenizer
-
-
-def _param_groups(model, config: TrainConfig) -> list[dict]:
-    """The model's own groups (ssmhub: no weight decay on recurrences); one decayed group for other models."""
-    if hasattr(model, "optimizer_param_groups"):
-        return model.optimizer_param_groups(
-            weight_decay=config.weight_decay, lr=config.learning_rate, recurrence_lr=config.recurrence_learning_rate
-        )
-    return [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": config.weight_decay}]
 
 
 class MetricsLogger:
@@ -337,7 +329,7 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
     set_seed(config.seed)
     model = AutoModelForCausalLM.from_config(model_config)
     optimizer = torch.optim.AdamW(
-        _param_groups(model, config),
+        param_groups(model, config.weight_decay, config.learning_rate, config.recurrence_learning_rate),
         lr=config.learning_rate,
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
