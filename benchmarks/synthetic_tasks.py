@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 from dataclasses import asdict
@@ -390,6 +391,34 @@ def mqar_section(records: list[dict]) -> str | None:
         "whole wall time (one torch thread). DLR uses post-norm, dt 1e-5 and the N of its model_config; "
         "attention is transformers' GPT-2; SeRpEnt and bdlrnn use their family defaults unless the row's "
         "model_config says otherwise."
+        + "\n\n"
+        + _mqar_runs(rows)
+    )
+
+
+def _mqar_runs(rows: list[dict]) -> str:
+    """Every MQAR row (a run resumed to a larger budget appears once per budget), with its final training loss."""
+    ordered = sorted(rows, key=lambda r: (r["L"], r["num_kv_pairs"], r["family"], r["width"], r["lr"], r["steps"]))
+    table = [
+        [
+            f"L {r['L']}, {r['num_kv_pairs']} pairs",
+            r["family"],
+            r["width"],
+            f"{r['lr']:g}",
+            f"{r['steps']} × {r['batch_size']}",
+            f"{r['value']:.3f}",
+            f"{r['final_train_loss']:.2f}",
+        ]
+        for r in ordered
+    ]
+    vocabularies = sorted({r["vocab_size"] for r in rows})
+    uniform = ", ".join(f"{math.log(v // 2):.2f} (V = {v})" for v in vocabularies)
+    in_context = ", ".join(f"{math.log(p):.2f} (P = {p})" for p in sorted({r["num_kv_pairs"] for r in rows}))
+    return (
+        "### Every MQAR run\n\n"
+        + markdown_table(["setting", "family", "width", "lr", "steps × batch", "accuracy", "final train loss"], table)
+        + f"\n\nFor scale: ln(V/2) = {uniform} is the loss of a uniform guess over the value tokens, ln P = "
+        f"{in_context} that of a uniform guess among the sequence's P values (accuracy 1/P)."
     )
 
 

@@ -22,6 +22,8 @@ def _row(family, width, steps, lr, value, batch=128):
         "batch_size": batch,
         "wall_s": 600.0,
         "matmul_precision": "medium",
+        "final_train_loss": 1.25,
+        "vocab_size": 8192,
     }
 
 
@@ -36,11 +38,24 @@ ROWS = [
 def test_a_cell_is_the_best_learning_rate_at_the_largest_budget():
     assert _mqar_best(ROWS, 64, 4, "dlr", 64)["value"] == 0.55
     assert _mqar_best(ROWS, 64, 4, "dlr", 128) is None
-    table = mqar_section(ROWS)
+    section = mqar_section(ROWS)
+    table = section.split("### Every MQAR run")[0]
     dlr_line = next(line for line in table.splitlines() if "| dlr |" in line)
     assert "0.550 (lr 0.0001, 600 steps × 128, 10 min, medium)" in dlr_line
     assert "not run" in dlr_line  # width 128
     assert "0.900" not in table
+
+
+def test_every_mqar_run_is_listed_with_its_final_loss():
+    runs = mqar_section(ROWS).split("### Every MQAR run")[1]
+    lines = [line for line in runs.splitlines() if line.startswith("| L 64")]
+    assert lines == [  # sorted by setting, family, width, learning rate, budget
+        "| L 64, 4 pairs | dlr | 64 | 0.0001 | 600 × 128 | 0.550 | 1.25 |",
+        "| L 64, 4 pairs | dlr | 64 | 0.001 | 600 × 128 | 0.400 | 1.25 |",
+        "| L 64, 4 pairs | dlr | 64 | 0.01 | 300 × 128 | 0.900 | 1.25 |",
+        "| L 64, 4 pairs | h3 | 128 | 0.001 | 600 × 128 | 0.750 | 1.25 |",
+    ]
+    assert "ln(V/2) = 8.32 (V = 8192)" in runs and "ln P = 1.39 (P = 4)" in runs
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels")  # Axes.plot is replaced below
