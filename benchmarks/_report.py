@@ -38,6 +38,29 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_features() -> dict[str, object]:
+    """What decides CPU timings between hosts: the vector ISA torch dispatches to (``AVX2``, ``AVX512``)
+    and whether the CPU has AVX512-BF16, without which ``matmul_precision="medium"`` is plain float32
+    (``ops.precision``); ``avx512_bf16`` is None where /proc/cpuinfo cannot tell."""
+    flags = cpu_flags()
+    return {
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "avx512_bf16": ("avx512_bf16" in flags) if flags else None,
+    }
+
+
 def machine_info() -> list[tuple[str, str]]:
     try:
         import transformers
@@ -49,6 +72,7 @@ def machine_info() -> list[tuple[str, str]]:
         ("platform", platform.platform()),
         ("python", platform.python_version()),
         ("CPU model", cpu_model()),
+        ("CPU features", ", ".join(f"{k}: {v}" for k, v in cpu_features().items())),
         ("os.cpu_count()", str(os.cpu_count())),
         ("torch", torch.__version__),
         ("transformers", transformers_version),

@@ -45,7 +45,7 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
-from _report import RESULTS_DIR, command_line, markdown_table, write_report
+from _report import RESULTS_DIR, command_line, cpu_features, markdown_table, write_report
 
 from ssmhub.data.synthetic import REGRESSION_TASK_NAMES
 from ssmhub.fileio import append_jsonl, read_jsonl
@@ -284,8 +284,13 @@ def _cell(record: dict | None) -> str:
 
 
 def _precision_note(record: dict) -> str:
-    """', medium' for a run with float32 matmuls as bfloat16 passes (rows before the field: 'high')."""
-    return ", medium" if record.get("matmul_precision", "high") == "medium" else ""
+    """', medium' for a run with float32 matmuls as bfloat16 passes (rows before the field: 'high');
+    a "medium" run on a CPU without AVX512-BF16 computed plain float32 and is marked so (rows written
+    before the ``cpu`` field do not say, and are shown as "medium")."""
+    if record.get("matmul_precision", "high") != "medium":
+        return ""
+    without_bf16 = (record.get("cpu") or {}).get("avx512_bf16") is False  # None: /proc/cpuinfo did not tell
+    return ", medium: float32, no AVX512-BF16" if without_bf16 else ", medium"
 
 
 def _timing(record: dict | None) -> str:
@@ -495,6 +500,7 @@ def main() -> None:
             row["section"] = section
             row["command"] = command_line()
             row["environment"] = {k: os.environ[k] for k in RUN_ENVIRONMENT if k in os.environ}
+            row["cpu"] = cpu_features() if row["device"] == "cpu" else None
             row["kernel_type"] = config.model_config.get("kernel_type", "real") if config.model_type == "dlr" else None
             print(
                 f"   {row['metric']} {row['value']:.4f} in {row['wall_s']:.1f} s ({row['s_per_step']:.3f} s/step)",

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from synthetic_tasks import _mqar_best, mqar_plot, mqar_section
+from synthetic_tasks import _mqar_best, _precision_note, mqar_plot, mqar_section
 
 
 def _row(family, width, steps, lr, value, batch=128):
@@ -83,3 +83,14 @@ def test_the_plot_shows_the_cells_of_the_table(tmp_path, monkeypatch):
     }
     assert h3_color != "C0"  # h3 keeps its colour in a panel where it is the only family
     assert [h.get_label() for h in legends[0]] == ["dlr", "h3"]  # one legend naming every family
+
+
+def test_a_medium_run_without_bf16_is_marked_as_float32():
+    row = _row("dlr", 64, 600, 1e-3, 0.4)
+    assert _precision_note(row) == ", medium"  # a row from before the cpu field
+    assert _precision_note({**row, "cpu": {"capability": "AVX512", "avx512_bf16": True}}) == ", medium"
+    assert _precision_note({**row, "cpu": {"capability": "AVX2", "avx512_bf16": False}}) == (
+        ", medium: float32, no AVX512-BF16"
+    )
+    assert _precision_note({**row, "cpu": {"capability": "AVX2", "avx512_bf16": None}}) == ", medium"  # unknown
+    assert _precision_note({**row, "matmul_precision": "high", "cpu": {"avx512_bf16": False}}) == ""
