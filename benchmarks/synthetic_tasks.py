@@ -324,7 +324,9 @@ def table1_section(records: list[dict]) -> str | None:
         "Reverse and Sort inputs are 2L long, Select L + 64. Timing: training seconds per step and the run's whole "
         "wall time (evaluation included), on the device of the row (the machine below: each run one torch thread, "
         "two runs at a time). A run resumed over several sessions reports its mean over all of them, each at "
-        "that session's code (the DLR kernel's backward became 3-4× faster at commit 2281257)."
+        "that session's code (the DLR kernel's backward became 3-4× faster at commit 2281257) and host: "
+        "sessions draw different CPUs, which a row's `cpu` field in synthetic.jsonl names from 2026-11-23 on "
+        "(torch's vector ISA, AVX2 or AVX512, and AVX512-BF16), so s/step compare only between rows of one host."
     )
 
 
