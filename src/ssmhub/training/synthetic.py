@@ -308,7 +308,9 @@ def _parser() -> argparse.ArgumentParser:
     d = SyntheticRunConfig()
     parser.add_argument("--task", default=d.task, help=f"one of {', '.join(SYNTHETIC_TASK_NAMES)}")
     parser.add_argument(
-        "--model_type", default=d.model_type, help=f"dlr, h3, bdlrnn (any registered family) or {ATTENTION_FAMILY}"
+        "--model_type",
+        default=d.model_type,
+        help=f"dlr, h3, serpent, bdlrnn (any registered family) or {ATTENTION_FAMILY}",
     )
     parser.add_argument("--seq_len", type=int, default=d.seq_len, help="the task's L (Reverse/Sort inputs are 2L)")
     for name in ("num_layers", "hidden_size", "max_steps", "batch_size", "seed", "eval_examples", "eval_batch_size"):
