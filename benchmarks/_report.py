@@ -26,28 +26,26 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo (falls back to platform.processor())."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first ``field`` line of /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.lower().startswith("model name"):
+                if line.lower().startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (falls back to platform.processor())."""
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def cpu_features() -> dict[str, object]:
