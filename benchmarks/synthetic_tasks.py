@@ -396,7 +396,8 @@ def mqar_section(records: list[dict]) -> str | None:
         "each cell is the best accuracy over the learning rates run at its largest budget (steps × batch; "
         "Zoology: 64 epochs of 100K examples), on a fixed held-out set (the row's eval_examples), with the run's "
         "whole wall time (one torch thread). DLR uses post-norm, dt 1e-5 and the N of its model_config; "
-        "attention is transformers' GPT-2; SeRpEnt and bdlrnn use their family defaults unless the row's "
+        "attention is transformers' GPT-2 and mamba transformers' MambaModel (the peer of SeRpEnt, whose base "
+        "branch is the same mixer); SeRpEnt, bdlrnn and mamba use their family defaults unless the row's "
         "model_config says otherwise."
         + "\n\n"
         + _mqar_runs(rows)

@@ -19,6 +19,7 @@ FAMILIES = {  # family -> tiny overrides
     "bdlrnn": {"block_size": 4},
     "serpent": {},
     "attention": {},
+    "mamba": {"state_size": 4},  # transformers' MambaModel, the peer of SeRpEnt
 }
 
 

@@ -310,7 +310,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model_type",
         default=d.model_type,
-        help=f"dlr, h3, serpent, bdlrnn (any registered family) or {ATTENTION_FAMILY}",
+        help=f"dlr, h3, serpent, bdlrnn, transformers' mamba (any AutoConfig model_type) or {ATTENTION_FAMILY}",
     )
     parser.add_argument("--seq_len", type=int, default=d.seq_len, help="the task's L (Reverse/Sort inputs are 2L)")
     for name in ("num_layers", "hidden_size", "max_steps", "batch_size", "seed", "eval_examples", "eval_batch_size"):

@@ -1,5 +1,9 @@
 """Models for the synthetic tasks: any registered family, or GPT-2 as the attention baseline.
 
+A "registered family" is any ``model_type`` that ``transformers.AutoConfig`` knows: the ssmhub families
+(``dlr``, ``h3``, ``serpent``, ``bdlrnn``) and transformers' own models with ``hidden_size`` and
+``num_hidden_layers`` fields, such as ``mamba`` (transformers' ``MambaModel``, the peer of SeRpEnt).
+
 Both wrappers take the backbone from ``transformers.AutoModel.from_config``, as a user would:
 
 - :class:`SyntheticRegressionModel` (the DLR paper's §A.6 setup for Table 1): a linear input
@@ -47,7 +51,7 @@ def family_defaults(model_type: str, input_length: int) -> dict[str, Any]:
       the input;
     - ``serpent``: one resampling branch (κ = 0.5) beside the base one, so that the power-of-two widths of
       the benchmarks divide into the branches (the config default, 1 + 2 branches, needs multiples of 3);
-    - other ssmhub families: their config defaults;
+    - other families (``bdlrnn``; transformers' ``mamba``): their config defaults;
     - ``attention`` (GPT-2): learned positions up to the input length, no dropout, exact GELU.
     """
     if model_type == "dlr":
@@ -113,8 +117,8 @@ def backbone_config(
     except ValueError as err:
         if "Unrecognized model identifier" in str(err):
             raise ValueError(
-                f"model_type {model_type!r} is not a registered family; use {ATTENTION_FAMILY!r} or an ssmhub "
-                "model_type such as 'dlr', 'h3', 'bdlrnn'"
+                f"model_type {model_type!r} is not a registered family; use {ATTENTION_FAMILY!r}, an ssmhub "
+                "model_type such as 'dlr', 'h3', 'serpent', 'bdlrnn', or a transformers one such as 'mamba'"
             ) from None
         raise
 
