@@ -5,7 +5,8 @@ Sections (``--sections``, all by default), each with its budget as flags (defaul
 ``table1``
     The DLR paper's Table 1 layout at L = 2^9 (arXiv:2212.00768, columns e and f): the eleven atomic
     tasks, DLR with 6 layers (H 128, N 4096, dt 1e-5, post-norm, lr 5e-5) against 2-layer attention
-    (transformers' GPT-2, H 128, 4 heads, lr 1e-3), batch 64, 11K steps, R² on a fixed held-out set.
+    (transformers' GPT-2, H 128, 4 heads, lr 1e-3), batch 64, 11K steps, R² on a fixed held-out set; H3,
+    SeRpEnt and bdlrnn (not in the paper) as the attention column: 2 layers, H 128, lr 1e-3.
 ``shift``
     Table 2: Shift with one layer (H 32, N 4096, batch 4, lr 1e-5, 86K steps) at L = 2^14 and 2^16,
     the plain DLR kernel ``Re(K)`` against DLR-prod ``Re(K)·Im(K)`` (``kernel_type``).
@@ -25,7 +26,7 @@ section and settings) is not repeated, and the report ``<results_dir>/synthetic.
 every row (a cell shows the row with the largest step budget), so a long sweep can be filled in over
 several invocations::
 
-    python benchmarks/synthetic_tasks.py --sections table1 --families dlr,attention
+    python benchmarks/synthetic_tasks.py --sections table1 --table1_families dlr,attention --table1_steps 300
     python benchmarks/synthetic_tasks.py --sections mqar --mqar_steps 4000 --mqar_lrs 1e-3
 
 With ``--checkpoint_dir DIR`` every run saves a checkpoint there (named by its settings without the
@@ -116,16 +117,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     # table1
     p.add_argument("--table1_tasks", default=",".join(TABLE1_ORDER))
-    p.add_argument("--table1_families", default="dlr,attention")
+    p.add_argument("--table1_families", default="dlr,attention,h3,serpent,bdlrnn")
     p.add_argument("--table1_seq_len", type=int, default=512)
     p.add_argument("--table1_steps", type=int, default=11_000)
     p.add_argument("--table1_batch", type=int, default=64)
     p.add_argument("--table1_width", type=int, default=128)
     p.add_argument("--table1_dlr_layers", type=int, default=6)
-    p.add_argument("--table1_attention_layers", type=int, default=2)
+    p.add_argument("--table1_layers", type=int, default=2, help="of every family but DLR (the paper's attention: 2)")
     p.add_argument("--table1_state_size", type=int, default=4096)
     p.add_argument("--table1_dlr_lr", type=float, default=5e-5)
-    p.add_argument("--table1_attention_lr", type=float, default=1e-3)
+    p.add_argument("--table1_lr", type=float, default=1e-3, help="of every family but DLR (attention's lr)")
     # shift (Table 2)
     p.add_argument("--shift_lengths", default="16384,65536")
     p.add_argument("--shift_kernels", default="real,prod")
@@ -180,7 +181,7 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
                 raise SystemExit(f"--table1_tasks: unknown task {task!r}")
             for family in args.table1_families.split(","):
                 is_dlr = family == "dlr"
-                layers = args.table1_dlr_layers if is_dlr else args.table1_attention_layers
+                layers = args.table1_dlr_layers if is_dlr else args.table1_layers
                 config = SyntheticRunConfig(
                     task=task,
                     model_type=family,
@@ -189,7 +190,7 @@ def planned_runs(args) -> list[tuple[str, SyntheticRunConfig]]:
                     hidden_size=args.table1_width,
                     max_steps=args.table1_steps,
                     batch_size=args.table1_batch,
-                    lr=args.table1_dlr_lr if is_dlr else args.table1_attention_lr,
+                    lr=args.table1_dlr_lr if is_dlr else args.table1_lr,
                     eval_examples=args.eval_examples,
                     eval_batch_size=args.table1_batch,
                     model_config={"state_size": args.table1_state_size} if is_dlr else {},
@@ -318,7 +319,9 @@ def table1_section(records: list[dict]) -> str | None:
         + markdown_table(headers, table)
         + "\n\nR² on a fixed held-out set (mean over its batches of the batch R², the paper's metric). "
         "DLR: post-norm, N and dt from the row's model_config (paper: N 4096, dt 1e-5, lr 5e-5); attention is "
-        "transformers' GPT-2 (4 heads, with its MLP, exact GELU; the paper's block has no MLP), lr 1e-3; "
+        "transformers' GPT-2 (4 heads, with its MLP, exact GELU; the paper's block has no MLP), lr 1e-3; H3, "
+        "SeRpEnt and bdlrnn (not in the paper) as attention: 2 layers, lr 1e-3, their synthetic-run defaults (H3 "
+        "without attention layers or MLP, SeRpEnt with one resampling branch, κ = 0.5); "
         'batch and steps as listed (paper: 64, 11K); "medium" marks a run with float32 matmuls as bfloat16 passes '
         "(`--matmul_precision`). "
         "Reverse and Sort inputs are 2L long, Select L + 64. Timing: training seconds per step and the run's whole "
