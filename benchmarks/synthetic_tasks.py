@@ -449,20 +449,27 @@ def mqar_plot(records: list[dict], results_dir: str) -> str:
     configs = sorted({(r["L"], r["num_kv_pairs"]) for r in rows})
     fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3.8), squeeze=False)
     families, widths = sorted({r["family"] for r in rows}), sorted({r["width"] for r in rows})
-    colors = {family: f"C{i}" for i, family in enumerate(families)}  # one colour per family in every panel
+    # One colour and marker per family in every panel; each family's points sit slightly apart along the
+    # (log) width axis, so families at the same accuracy (many at 0) stay visible instead of hiding each other.
+    colors = {family: f"C{i}" for i, family in enumerate(families)}
+    markers = {family: "osD^vP*X"[i % 8] for i, family in enumerate(families)}
+    nudge = {family: 2 ** (0.05 * (i - (len(families) - 1) / 2)) for i, family in enumerate(families)}
     for ax, (length, pairs) in zip(axes[0], configs):
         for family in families:
             cells = {w: _mqar_best(rows, length, pairs, family, w) for w in widths}
             points = {w: cell["value"] for w, cell in cells.items() if cell is not None}
             if points:
                 xs = sorted(points)
-                ax.plot(xs, [points[x] for x in xs], marker="o", color=colors[family], label=family)
+                ax.plot([x * nudge[family] for x in xs], [points[x] for x in xs], marker=markers[family],
+                        markersize=5, color=colors[family], label=family)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(widths, [str(w) for w in widths])  # the same width axis in every panel
+        ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.3)
         ax.set_title(f"L = {length}, {pairs} pairs")
         ax.set_xlabel("width")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-0.03, 1.02)
     axes[0][0].set_ylabel("MQAR accuracy")
-    legend = [Line2D([], [], color=colors[f], marker="o", label=f) for f in families]  # every family, once
+    legend = [Line2D([], [], color=colors[f], marker=markers[f], label=f) for f in families]  # every family, once
     fig.legend(handles=legend, loc="upper center", ncol=len(families), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     path = os.path.join(results_dir, "synthetic_mqar.png")
