@@ -45,6 +45,7 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
 
 import ssmhub
+from ssmhub.models.cache_argument import CACHE_FIELD
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, median, write_report
@@ -108,13 +109,13 @@ def recurrent_prefill(model, ctx: int, generator: torch.Generator):
     """Prefill ``ctx`` random tokens (one parallel forward); the cache it hands over and the next token."""
     ids = torch.randint(0, model.config.vocab_size, (1, ctx), generator=generator)
     out = model(ids, use_cache=True, logits_to_keep=1)
-    return out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    return getattr(out, CACHE_FIELD), out.logits[:, -1].argmax(-1, keepdim=True)
 
 
 def recurrent_decode(model, cache, token: torch.Tensor, steps: int) -> torch.Tensor:
     """``steps`` greedy decode steps through a recurrent cache."""
     for _ in range(steps):
-        out = model(token, past_key_values=cache, use_cache=True)
+        out = model(token, use_cache=True, **{CACHE_FIELD: cache})
         token = out.logits[:, -1].argmax(-1, keepdim=True)
     return token
 
@@ -144,7 +145,7 @@ def gpt2_decode(model, cache: DynamicCache, token: torch.Tensor, steps: int) -> 
     for _ in range(steps):
         past = int(cache.get_seq_length())
         mask = torch.ones(1, past + 1, dtype=torch.long)
-        out = model(token, past_key_values=cache, attention_mask=mask, use_cache=True)
+        out = model(token, attention_mask=mask, use_cache=True, **{CACHE_FIELD: cache})
         token = out.logits[:, -1].argmax(-1, keepdim=True)
     return token
 
@@ -173,7 +174,7 @@ def handover_check(model, generator: torch.Generator, prompt: int = 48, steps: i
     out = model(ids[:, :prompt], use_cache=True)
     parts = [out.logits]
     for k in range(prompt, prompt + steps):
-        parts.append(model(ids[:, k : k + 1], past_key_values=out.past_key_values, use_cache=True).logits)
+        parts.append(model(ids[:, k : k + 1], use_cache=True, **{CACHE_FIELD: getattr(out, CACHE_FIELD)}).logits)
     return (torch.cat(parts, dim=1) - full).abs().max().item()
 
 

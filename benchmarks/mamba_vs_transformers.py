@@ -73,6 +73,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, MambaConfig, MambaForCausa
 from transformers.utils import logging as hf_logging
 
 import ssmhub
+from ssmhub.models.cache_argument import CACHE_FIELD
 from ssmhub.models.serpent.convert_mamba import mamba_state_dict_to_serpent
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -221,17 +222,21 @@ def grad_differences(hf, ours) -> dict[str, float]:
     return diffs
 
 
+# transformers' Mamba took and returned its cache as `cache_params` before 5.24 renamed it `cache`
+MAMBA_CACHE_FIELD = "cache" if CACHE_FIELD == "cache" else "cache_params"
+
+
 def mamba_prefill(model, ctx: int, generator: torch.Generator):
-    """transformers' Mamba counterpart of ``recurrent_prefill``: its cache (``cache_params``) and the next token."""
+    """transformers' Mamba counterpart of ``recurrent_prefill``: its cache and the next token."""
     ids = torch.randint(0, model.config.vocab_size, (1, ctx), generator=generator)
     out = model(ids, use_cache=True, logits_to_keep=1)
-    return out.cache_params, out.logits[:, -1].argmax(-1, keepdim=True)
+    return getattr(out, MAMBA_CACHE_FIELD), out.logits[:, -1].argmax(-1, keepdim=True)
 
 
 def mamba_decode(model, cache, token: torch.Tensor, steps: int) -> torch.Tensor:
     """transformers' Mamba counterpart of ``recurrent_decode``."""
     for _ in range(steps):
-        out = model(token, cache_params=cache, use_cache=True)
+        out = model(token, use_cache=True, **{MAMBA_CACHE_FIELD: cache})
         token = out.logits[:, -1].argmax(-1, keepdim=True)
     return token
 
@@ -449,8 +454,8 @@ def section_decode(args, hf, ours, serpent, seed: int):
             same_prefill_token = bool((ours_tok == hf_tok).all())
             mem_after_prefill = {"ours": ours_cache.memory_bytes(), "serpent": serpent_cache.memory_bytes()}
             # first decode step: the same token into both Mambas, logits compared
-            a = ours(ours_tok, past_key_values=ours_cache, use_cache=True).logits[:, -1]
-            b = hf(ours_tok, cache_params=hf_cache, use_cache=True).logits[:, -1]
+            a = ours(ours_tok, cache=ours_cache, use_cache=True).logits[:, -1]
+            b = hf(ours_tok, use_cache=True, **{MAMBA_CACHE_FIELD: hf_cache}).logits[:, -1]
             dlogits = (a - b).abs().max().item()
             ours_tok, hf_tok = a.argmax(-1, keepdim=True), b.argmax(-1, keepdim=True)
             ours_tok = recurrent_decode(ours, ours_cache, ours_tok, args.decode_warmup)

@@ -6,9 +6,10 @@ States are allocated lazily by the first forward that asks for them and updated 
 For recurrent layers the memory never grows with the context: that is the product's promise, and
 :meth:`RecurrentCache.memory_bytes` lets benchmarks and tests check it.
 
-It travels through ``generate`` as ``past_key_values``. Only the few hooks ``generate`` uses are
-implemented (``get_seq_length``, ``reorder_cache``), so it does not depend on the internals of
-transformers' ``Cache`` classes, which changed four times in two years.
+It travels through ``generate`` as ``cache`` (``past_key_values`` before transformers 5.24). Only the
+few hooks ``generate`` uses are implemented (``get_seq_length``, ``is_linear``, ``reorder_cache``), so
+it does not depend on the internals of transformers' ``Cache`` classes, which changed five times in
+two years.
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ class RecurrentCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of tokens (padding included) the cache has absorbed."""
         return self.seen_tokens
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer, whether it is one of transformers' linear-attention cache layers: never.
+
+        ``generate`` (transformers >= 5.24) trims a prompt to the tokens the cache has not absorbed,
+        ``get_seq_length()`` of them, only when some layer is not such a layer, since those do not count
+        tokens. This cache counts them exactly, so a ``generate`` that continues from a returned cache
+        feeds only the new tokens.
+        """
+        return [False] * len(self.layers)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows (beam search): row i becomes the old row ``beam_idx[i]``."""

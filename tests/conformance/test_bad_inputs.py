@@ -65,8 +65,9 @@ def test_float_token_ids(any_model):
 def test_foreign_cache(causal_lm):
     from transformers import DynamicCache
 
-    with pytest.raises(ValueError, match="RecurrentCache"):
-        causal_lm(random_ids(1, 3), past_key_values=DynamicCache())
+    for name in ("cache", "past_key_values"):
+        with pytest.raises(ValueError, match="RecurrentCache"):
+            causal_lm(random_ids(1, 3), **{name: DynamicCache()})
 
 
 def test_bidirectional_model_cannot_be_a_causal_lm():

@@ -6,17 +6,18 @@ from conftest import random_ids
 from transformers import pipeline
 
 from ssmhub import RecurrentCache
+from ssmhub.models.cache_argument import CACHE_FIELD
 
 
 def test_cached_decoding_equals_full_forward(causal_lm):
     ids = random_ids(2, 20)
     full = causal_lm(ids).logits
     out = causal_lm(ids[:, :8], use_cache=True)
-    cache = out.past_key_values
+    cache = getattr(out, CACHE_FIELD)
     assert isinstance(cache, RecurrentCache) and cache.get_seq_length() == 8
     logits = [out.logits]
     for t in range(8, 20):
-        out = causal_lm(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        out = causal_lm(ids[:, t : t + 1], cache=cache, use_cache=True)
         logits.append(out.logits)
     torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-4, rtol=1e-4)
     assert cache.get_seq_length() == 20
@@ -30,11 +31,11 @@ def test_cache_memory_does_not_grow_with_context(causal_lm):
     """Recurrent layers hold a fixed-size state; attention layers of a hybrid (their state has "key")
     grow by exactly one key and value per token."""
     ids = random_ids(1, 64)
-    cache = causal_lm(ids[:, :4], use_cache=True).past_key_values
+    cache = getattr(causal_lm(ids[:, :4], use_cache=True), CACHE_FIELD)
     before = _layer_bytes(cache)
     assert all(size > 0 for size in before)
     for t in range(4, 64):
-        causal_lm(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+        causal_lm(ids[:, t : t + 1], cache=cache, use_cache=True)
     for state, size_before, size_after in zip(cache.layers, before, _layer_bytes(cache)):
         if "key" in state:
             per_token = (state["key"][0, :, 0].numel() * 2) * state["key"].element_size() + 1
@@ -157,8 +158,21 @@ def test_generate_continues_from_a_returned_cache(causal_lm):
     ids = random_ids(2, 5)
     in_one_go = causal_lm.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
     first = causal_lm.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, return_dict_in_generate=True)
-    assert first.past_key_values.get_seq_length() == 5 + 3  # the last generated token is not fed yet
+    returned = getattr(first, CACHE_FIELD)  # `cache` from transformers 5.24 on, `past_key_values` before
+    assert returned.get_seq_length() == 5 + 3  # the last generated token is not fed yet
     second = causal_lm.generate(
-        first.sequences, past_key_values=first.past_key_values, max_new_tokens=6, do_sample=False, pad_token_id=0
+        first.sequences, max_new_tokens=6, do_sample=False, pad_token_id=0, **{CACHE_FIELD: returned}
     )
     assert torch.equal(second, in_one_go)
+
+
+def test_the_cache_is_taken_under_either_name(causal_lm):
+    """transformers 5.24 renamed `past_key_values` to `cache`; forward takes both, and not both at once."""
+    ids = random_ids(1, 6)
+    full = causal_lm(ids).logits
+    for name in ("cache", "past_key_values"):
+        cache = getattr(causal_lm(ids[:, :4], use_cache=True), CACHE_FIELD)
+        steps = [causal_lm(ids[:, t : t + 1], use_cache=True, **{name: cache}).logits for t in (4, 5)]
+        torch.testing.assert_close(torch.cat(steps, 1), full[:, 4:], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="once, as `cache` or as `past_key_values`"):
+        causal_lm(ids[:, 4:5], cache=cache, past_key_values=cache)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import ssmhub
+from ssmhub.models.cache_argument import CACHE_FIELD
 
 CONFIG = dict(
     vocab_size=97,
@@ -28,7 +29,7 @@ def test_butterfly_backend_gives_the_torch_fft_model(block_size):
     torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=2e-5, rtol=1e-5)
     # decoding with the backend's prefill state continues exactly like the reference
     out = model(ids[:, :50], use_cache=True)
-    step = model(ids[:, 50:51], past_key_values=out.past_key_values, use_cache=True).logits
+    step = model(ids[:, 50:51], cache=getattr(out, CACHE_FIELD), use_cache=True).logits
     torch.testing.assert_close(step[:, 0], reference(ids[:, :51]).logits[:, -1], atol=2e-5, rtol=1e-5)
 
 

@@ -113,7 +113,11 @@ class ResamplingBranch(nn.Module):
         """Eq. 13: x (..., H) -> (Δ_l (...) float32 in [κΔ, Δ], Δ)."""
         grid_step = self.ssm.grid_step()
         kappa = self.resampling_rate
-        gate = torch.sigmoid(self.step_proj(x).squeeze(-1).float())
+        # θ_Δ·x as a product and a sum along H per token, in float32, not a matmul: a matmul's rounding depends
+        # on how many tokens the call holds, and a streamed token must get bit for bit the Δ_l the parallel pass
+        # gives it, or the two clocks drift apart and cross grid points at different tokens.
+        logit = (x.float() * self.step_proj.weight[0].float()).sum(-1) + self.step_proj.bias.float()
+        gate = torch.sigmoid(logit)
         return gate * grid_step * (1 - kappa) + kappa * grid_step, grid_step
 
     def _compress(self, inputs: torch.Tensor, distance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from transformers.modeling_outputs import (
 )
 
 from ..cache import RecurrentCache
+from .cache_argument import CACHE_FIELD, resolve_cache_argument
 from .inputs import check_model_inputs, pool_hidden_states
 
 __all__ = [
@@ -193,19 +194,18 @@ class RecurrentModel(RecurrentPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        past_key_values: RecurrentCache | None = None,
+        cache: RecurrentCache | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: RecurrentCache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
-        """Args follow transformers: ``past_key_values`` is a :class:`~ssmhub.cache.RecurrentCache`
-        whose state the forward continues from (and updates in place when ``use_cache``)."""
-        if past_key_values is not None and not isinstance(past_key_values, RecurrentCache):
-            raise ValueError(
-                f"past_key_values must be an ssmhub RecurrentCache (or None); got {type(past_key_values).__name__}"
-            )
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        """Args follow transformers: ``cache`` (``past_key_values`` before transformers 5.24; either name
+        is accepted) is a :class:`~ssmhub.cache.RecurrentCache` whose state the forward continues from
+        (and updates in place when ``use_cache``)."""
+        cache = resolve_cache_argument(cache, past_key_values)
+        past_length = cache.get_seq_length() if cache is not None else 0
         check_model_inputs(
             input_ids, inputs_embeds, attention_mask, self.config.vocab_size, self.config.hidden_size, past_length
         )
@@ -219,29 +219,29 @@ class RecurrentModel(RecurrentPreTrainedModel):
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
         mask = attention_mask[:, -seq_len:] if attention_mask is not None else None  # (B, L) of the new tokens
-        if use_cache and past_key_values is None:
-            past_key_values = RecurrentCache(len(self.layers))
+        if use_cache and cache is None:
+            cache = RecurrentCache(len(self.layers))
 
         all_hidden_states = () if output_hidden_states else None
         for idx, block in enumerate(self.layers):
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
-            state = past_key_values.get(idx) if past_key_values is not None else None
+            state = cache.get(idx) if cache is not None else None
             hidden_states, new_state = block(hidden_states, mask=mask, state=state, return_state=use_cache)
             if use_cache:
-                past_key_values.update(idx, new_state)
+                cache.update(idx, new_state)
         if use_cache:
-            past_key_values.advance(seq_len)
+            cache.advance(seq_len)
         if self.norm_f is not None:
             hidden_states = self.norm_f(hidden_states)
         if output_hidden_states:
             all_hidden_states += (hidden_states,)
 
-        cache_out = past_key_values if use_cache else None
+        cache_out = cache if use_cache else None
         if not return_dict:
             return tuple(v for v in (hidden_states, cache_out, all_hidden_states) if v is not None)
         return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states, past_key_values=cache_out, hidden_states=all_hidden_states
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, **{CACHE_FIELD: cache_out}
         )
 
 
@@ -277,12 +277,13 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        past_key_values: RecurrentCache | None = None,
+        cache: RecurrentCache | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: RecurrentCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """``labels`` are the input ids (shifted inside the loss); ``-100`` is ignored. The loss goes
@@ -293,7 +294,7 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
             input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            cache=resolve_cache_argument(cache, past_key_values),
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -304,12 +305,13 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        cache_out = getattr(outputs, CACHE_FIELD)
         if not return_dict:
-            output = (logits, outputs.past_key_values, outputs.hidden_states)
+            output = (logits, cache_out, outputs.hidden_states)
             output = tuple(v for v in output if v is not None)
             return (loss, *output) if loss is not None else output
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, **{CACHE_FIELD: cache_out}
         )
 
 
