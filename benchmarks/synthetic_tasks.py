@@ -401,7 +401,10 @@ def mqar_section(records: list[dict]) -> str | None:
         "whole wall time (one torch thread). DLR uses post-norm, dt 1e-5 and the N of its model_config; "
         "attention is transformers' GPT-2 and mamba transformers' MambaModel (the peer of SeRpEnt, whose base "
         "branch is the same mixer); SeRpEnt, bdlrnn and mamba use their family defaults unless the row's "
-        "model_config says otherwise."
+        "model_config says otherwise. Budgets differ between cells, and each cell states its own: the widest cells "
+        "of the slower families ran fewer steps to fit the CPU time we had (a bdlrnn layer's transition MLP, H·b "
+        "hidden units as the authors' default, costs O(H²b²) per token: about 10 s a step at L 128 and width 256 "
+        "on one thread), so a row is a measurement at its budget, not that family's ceiling."
         + "\n\n"
         + _mqar_runs(rows)
     )
