@@ -405,7 +405,7 @@ def mqar_section(records: list[dict]) -> str | None:
         "without its CUDA kernels transformers' MambaModel scans token by token on CPU, about 8× SeRpEnt's time "
         "there. Budgets differ between cells, and each cell states its own: the widest cells "
         "of the slower families ran fewer steps to fit the CPU time we had (a bdlrnn layer's transition MLP, H·b "
-        "hidden units as the authors' default, costs O(H²b²) per token: about 10 s a step at L 128 and width 256 "
+        "hidden units as the authors' default, costs O(H²b²) per token: 5-10 s a step at L 128 and width 256, by host, "
         "on one thread), so a row is a measurement at its budget, not that family's ceiling."
         + "\n\n"
         + _mqar_runs(rows)
