@@ -323,7 +323,9 @@ def table1_section(records: list[dict]) -> str | None:
         "SeRpEnt and bdlrnn (not in the paper) as attention: 2 layers, lr 1e-3, their synthetic-run defaults (H3 "
         "without attention layers or MLP, SeRpEnt with one resampling branch, κ = 0.5); "
         'batch and steps as listed (paper: 64, 11K); "medium" marks a run with float32 matmuls as bfloat16 passes '
-        "(`--matmul_precision`). "
+        "(`--matmul_precision`). Budgets differ between cells, and each states its own: the slower families' "
+        "cells ran 100-300 steps (1-3% of the paper's) to fit the CPU time we had, so a cell near 0 there is a "
+        "measurement at that budget, not that family's ceiling. "
         "Reverse and Sort inputs are 2L long, Select L + 64. Timing: training seconds per step and the run's whole "
         "wall time (evaluation included), on the device of the row (the machine below: each run one torch thread, "
         "two runs at a time). A run resumed over several sessions reports its mean over all of them, each at "
