@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from comparisons import scaled_close
 
 from ssmhub.ops.longconv import (
     CODE_ORDER,
@@ -145,6 +146,58 @@ def test_bad_arguments_name_the_argument():
         regularize_kernel(k, ("smooth", "blur"))
     with pytest.raises(ValueError, match="dropout"):
         regularize_kernel(k, dropout=1.0)
+
+
+def _conv_by_prepending(u, kernel, skip, history):
+    """The stateful convolution by its definition: the float64 loop :func:`causal_conv_ref` run on the stream
+    ``[history ; u]`` from a zero start, its first M outputs dropped, plus the skip; and the window of the
+    last M inputs of that stream. Differentiable in every argument."""
+    window = history.shape[-1]
+    stream = torch.cat([history, u], dim=-1)
+    y = causal_conv_ref(stream, kernel)[..., window:] + skip[:, None] * u
+    return y, stream[..., stream.shape[-1] - window :]
+
+
+# (batch shape, H channels, L inputs, K taps, M window)
+CONV_SHAPES = [
+    pytest.param((2,), 3, 12, 5, 4, id="kernel_shorter_than_input"),
+    pytest.param((3,), 2, 8, 8, 7, id="kernel_as_long_as_input"),
+    pytest.param((2,), 4, 6, 11, 5, id="kernel_longer_than_input"),
+    pytest.param((2, 2), 3, 5, 20, 2, id="taps_beyond_window_and_input"),  # K > M + L: they meet nothing
+    pytest.param((2,), 3, 4, 6, 7, id="window_longer_than_input"),  # the final window keeps part of the first
+    pytest.param((), 2, 7, 3, 2, id="unbatched"),  # u of shape (H, L)
+]
+
+
+@pytest.mark.parametrize("with_state", [True, False], ids=["from_state", "from_zeros"])
+@pytest.mark.parametrize("batch, channels, length, taps, window", CONV_SHAPES)
+def test_causal_conv_matches_float64_loop_with_gradients(batch, channels, length, taps, window, with_state):
+    """causal_conv (float32 FFT) against the float64 double loop on ``[initial_state ; u]``: the outputs, the
+    final window and the gradients with respect to u, the kernel, the skip and the initial state."""
+    gen = torch.Generator().manual_seed(length * 100 + taps)
+    u = torch.randn(*batch, channels, length, generator=gen)
+    kernel, skip = torch.randn(channels, taps, generator=gen), torch.randn(channels, generator=gen)
+    history = (
+        torch.randn(*batch, channels, window, generator=gen) if with_state else torch.zeros(*batch, channels, window)
+    )
+    weight_y, weight_final = torch.randn(u.shape, generator=gen), torch.randn(history.shape, generator=gen)
+    leaves = [t.clone().requires_grad_() for t in (u, kernel, skip, history)]
+    state_args = {"initial_state": leaves[3]} if with_state else {"state_length": window}
+    y, final = causal_conv(leaves[0], leaves[1], leaves[2], return_final_state=True, **state_args)
+    grads = torch.autograd.grad((y * weight_y).sum() + (final * weight_final).sum(), leaves, allow_unused=True)
+
+    ref_leaves = [t.double().requires_grad_() for t in (u, kernel, skip, history)]
+    y_ref, final_ref = _conv_by_prepending(*ref_leaves)
+    loss_ref = (y_ref * weight_y.double()).sum() + (final_ref * weight_final.double()).sum()
+    grads_ref = torch.autograd.grad(loss_ref, ref_leaves)
+
+    scaled_close(y, y_ref.detach(), what="y")
+    torch.testing.assert_close(final, final_ref.detach().float(), rtol=0, atol=0)  # a copy of the inputs
+    names = ("u", "kernel", "skip", "initial_state") if with_state else ("u", "kernel", "skip")
+    for name, grad, grad_ref in zip(names, grads, grads_ref):
+        scaled_close(grad, grad_ref, what=f"grad {name}")
+    if with_state:  # the oracle's own initial_state path is the same definition
+        scaled_close(causal_conv_ref(u, kernel, skip, initial_state=history), y_ref.detach(), 1e-12, "ref")
 
 
 def test_causal_conv_matches_loop_and_continues_from_state():

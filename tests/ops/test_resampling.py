@@ -370,8 +370,9 @@ def test_gaussian_features_match_formula_and_mask():
     torch.testing.assert_close(eps64, torch.exp(-((distance[..., None] - centers.double()) ** 2)))
 
 
-def test_distance_gradients_reach_grid_step_steps_and_centers():
-    """∂d/∂Δ = j (grid times) and −∂t_k/∂Δ through the steps: the only path of Δ and θ_Δ (spec §2c)."""
+def test_distance_gradient_in_log_grid_step_is_the_distance():
+    """∂d/∂Δ = j (grid times) and −∂t_k/∂Δ through the steps (the only path of Δ and θ_Δ into the layer's
+    output): with steps proportional to Δ, d is linear in Δ and ∂d/∂logΔ = d."""
     log_delta = torch.tensor(0.2, requires_grad=True)
     delta = log_delta.exp()
     sig = torch.sigmoid(torch.randn(2, 15, generator=torch.Generator().manual_seed(0)))
@@ -379,13 +380,49 @@ def test_distance_gradients_reach_grid_step_steps_and_centers():
     mask = _left_pad_mask(2, 15, seed=4)
     t = resampling_times(steps, delta, mask)
     w = causal_windows(t, delta, 3, mask=mask)
-    (g_delta_only,) = torch.autograd.grad(w.distance.sum(), log_delta, retain_graph=True)
+    (g_delta_only,) = torch.autograd.grad(w.distance.sum(), log_delta)
     # d = jΔ − t_k and t_k = Δ·Σ(σ·0.7 + 0.3) = Δ·(t_k/Δ): d is linear in Δ, so ∂d/∂logΔ = d
     assert g_delta_only.item() == pytest.approx(w.distance.sum().item(), rel=1e-6)
-    centers = torch.randn(4, requires_grad=True)
-    feats = gaussian_distance_features(w.distance, centers, w.valid)
-    g_log, g_mu = torch.autograd.grad(feats.sum(), [log_delta, centers])
-    assert g_log.abs() > 0 and g_mu.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("windows", "reference"),
+    [(causal_windows, _causal_ref), (nearest_windows, _nearest_ref)],
+    ids=["causal", "nearest"],
+)
+def test_distance_feature_gradients_match_the_chain_rule_by_loop(windows, reference):
+    """Gradients of ``Σ W·ε(t̄_j − t_k)`` (Eq. 12's features, random weights W) in the centres μ, Δ and the
+    steps, against the chain rule summed slot by slot over the loop windows: ``∂ε_i/∂d = −2(d − μ_i)ε_i =
+    −∂ε_i/∂μ_i``, ``∂d/∂Δ = j`` (t̄_j = jΔ; the steps are separate leaves here) and ``∂d/∂Δ_i = −1`` for every
+    real token i ≤ k (t_k = Σ_{i≤k} Δ_i, pads add nothing), straight through the lattice rounding."""
+    gen = torch.Generator().manual_seed(0)
+    batch, length, window, num_features = 3, 15, 3, 4
+    delta = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+    steps = _eq13_steps(batch, length, 0.3, 1.3, seed=0).double().requires_grad_()
+    mask = _random_mask(batch, length, seed=1)
+    centers = torch.randn(num_features, generator=gen, dtype=torch.float64).requires_grad_()
+    t = resampling_times(steps, delta, mask)
+    w = windows(t, delta, window, mask=mask)
+    features = gaussian_distance_features(w.distance, centers, w.valid)
+    weights = torch.randn(features.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad((features * weights).sum(), [steps, delta, centers])
+
+    g_steps, g_delta, g_centers = torch.zeros(batch, length, dtype=torch.float64), 0.0, [0.0] * num_features
+    for b, row in enumerate(reference(t.tolist(), 1.3, mask, window)):
+        for j, (slots, distances) in enumerate(row, start=1):
+            empty = window - len(distances)  # empty slots come first
+            for slot, (k, d) in enumerate(zip(slots[empty:], distances), start=empty):
+                for i, mu in enumerate(centers.tolist()):
+                    g_d = float(weights[b, j - 1, slot, i]) * -2 * (d - mu) * math.exp(-((d - mu) ** 2))
+                    g_centers[i] -= g_d
+                    g_delta += j * g_d
+                    for r in range(k + 1):
+                        g_steps[b, r] -= g_d if mask[b, r] else 0.0
+    expected = [g_steps, torch.tensor(g_delta, dtype=torch.float64), torch.tensor(g_centers, dtype=torch.float64)]
+    for name, u, v in zip(["steps", "Δ", "μ"], got, expected):
+        scale = v.abs().max().item()
+        assert scale > 0, name
+        torch.testing.assert_close(u, v, rtol=1e-9, atol=1e-9 * scale, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_gather_windows_matches_loop():
