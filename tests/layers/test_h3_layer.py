@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from comparisons import scaled_close
 
 from ssmhub.layers.h3 import H3Mixer
 from ssmhub.layers.longconv import LongConvKernel
@@ -20,14 +21,24 @@ def _naive(mixer, x, mask=None):
     x = x.double()
     if mask is not None:
         x = x * mask[..., None].double()
-    batch, length, d = x.shape
-    heads, dh = mixer.num_heads, mixer.head_dim
     w_in, b_in = mixer.in_proj.weight.double(), mixer.in_proj.bias.double()
     q, k, v = (x @ w_in.T + b_in).chunk(3, dim=-1)
     if mask is not None:
         k, v = k * mask[..., None].double(), v * mask[..., None].double()
+    o = _naive_mix(mixer, q, k, v)
+    return o @ mixer.out_proj.weight.double().T + mixer.out_proj.bias.double()
+
+
+def _naive_mix(mixer, q, k, v, long_kernel=None):
+    """Steps 2-5 (shift convolution, kv, long convolution with skip, q·s) with direct loops over positions, in
+    float64, from the projections q, k, v (B, L, d): the output o (B, L, d) that goes into the output Linear.
+    ``long_kernel``: (H, L) taps in place of the layer's (zeros leave only the skip D)."""
+    q, k, v = q.double(), k.double(), v.double()
+    batch, length, d = q.shape
+    heads, dh = mixer.num_heads, mixer.head_dim
     shift, shift_skip = mixer.shift_kernel().double(), mixer.shift_conv.skip.double()  # (d, S), (d,)
-    kernel, skip = mixer.kernel(length).double(), mixer.long_conv.skip.double()  # (H, L), (H,)
+    kernel = (mixer.kernel(length) if long_kernel is None else long_kernel).double()  # (H, L)
+    skip = mixer.long_conv.skip.double()  # (H,)
     k_shift = torch.zeros_like(k)
     for t in range(length):
         for j in range(min(shift.shape[-1], t + 1)):
@@ -39,8 +50,7 @@ def _naive(mixer, x, mask=None):
         for j in range(t + 1):
             s[:, t] += kernel[:, j, None, None] * kv[:, t - j]
         s[:, t] += skip[:, None, None] * kv[:, t]
-    o = (q.view(batch, length, heads, dh, 1) * s).sum(3).reshape(batch, length, d)  # channel h·dh + j
-    return o @ mixer.out_proj.weight.double().T + mixer.out_proj.bias.double()
+    return (q.view(batch, length, heads, dh, 1) * s).sum(3).reshape(batch, length, d)  # channel h·dh + j
 
 
 @pytest.mark.parametrize(
@@ -153,6 +163,29 @@ def test_gradients_reach_the_kernels():
     }
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"squash_lambda": 0.1},  # the default direct shift FIR; squashed taps get no gradient
+        {"num_heads": 2, "regularize_shift_kernel": True, "shift_kernel_size": 16, "max_kernel_length": 7},
+    ],
+    ids=["heads_of_1_direct_shift", "heads_of_4_fft_shift"],
+)
+def test_gradients_match_naive_equations(options):
+    """The gradients (custom backward of the short and FFT convolutions) with respect to x and every parameter,
+    against autograd through the float64 loops of :func:`_naive`."""
+    mixer = _mixer(**options)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 11, 8, generator=gen)
+    weight = torch.randn(2, 11, 8, generator=gen)
+    x_run, x_ref = x.clone().requires_grad_(), x.double().requires_grad_()
+    params = dict(mixer.named_parameters())
+    grads = torch.autograd.grad((mixer(x_run)[0] * weight).sum(), [x_run, *params.values()])
+    grads_ref = torch.autograd.grad((_naive(mixer, x_ref) * weight.double()).sum(), [x_ref, *params.values()])
+    for name, grad, grad_ref in zip(["x", *params], grads, grads_ref):
+        scaled_close(grad, grad_ref, 1e-5, f"grad {name}")
+
+
 @pytest.mark.parametrize("length", [21, 3])
 @pytest.mark.parametrize("shift_kernel_size", [1, 4, 16])
 def test_direct_shift_equals_fft_shift(shift_kernel_size, length):
@@ -194,24 +227,55 @@ def test_eval_kernel_memo_follows_parameter_updates():
         torch.testing.assert_close(mixer.kernel(16), before + 1.0)
 
 
+def _relative_error(got, expected, scale):
+    """‖got − expected‖ / ‖scale‖ (Frobenius norms), in float64."""
+    return ((got.double() - expected.double()).norm() / scale.double().norm()).item()
+
+
+# bf16's unit round-off: the projections under autocast round q, k, v and o (the output Linear's input) to it
+BF16_EPS = 2.0**-8
+
+
 def test_bf16_autocast_keeps_convolutions_in_float32():
+    """Under bf16 autocast the projections run in bf16 but both convolutions stay float32. The output Linear's
+    input o must equal the float64 loops of :func:`_naive_mix` run on the same bf16 q, k, v, to float32 round-off
+    of the part the long kernel contributes (o minus its value with the long kernel zeroed). Measured relative
+    error: 2e-7 as it is; 4e-3 if the long convolution's input is rounded to bf16, 5.5e-3 if its output is too
+    (a bf16 convolution). The output y differs from the fp32 layer's by about 6e-3 of ‖y‖ either way (the
+    projections' rounding), so y alone cannot tell a bf16 convolution from a float32 one."""
     mixer = _mixer(num_heads=2)
     x = torch.randn(2, 12, 8)
-    y32, _ = mixer(x)
+    with torch.no_grad():
+        y32, state32 = mixer(x, return_state=True)
+        y32_t, _ = mixer.step(x[:, 0], state32)
+    seen = {}
+    hooks = [
+        mixer.in_proj.register_forward_hook(lambda module, args, out: seen.setdefault("qkv", []).append(out)),
+        mixer.out_proj.register_forward_pre_hook(lambda module, args: seen.setdefault("o", []).append(args[0])),
+    ]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert mixer.kernel(12).dtype == torch.float32
         y, state = mixer(x, return_state=True)
         y_t, state = mixer.step(x[:, 0], state)
-    assert torch.isfinite(y).all() and torch.isfinite(y_t).all()
+    for hook in hooks:
+        hook.remove()
     assert state["kv_state"].dtype == torch.float32 and state["shift_state"].dtype == torch.float32
-    torch.testing.assert_close(y.float(), y32, atol=0.1, rtol=0.05)
-    # a half-precision model whose ``ssm`` submodules stay float32 (what the model tier does)
+    (qkv, qkv_t), (o, o_t) = seen["qkv"], seen["o"]
+    assert qkv.dtype == torch.bfloat16 and o.dtype == torch.float32 and o_t.dtype == torch.float32
+    q, k, v = torch.cat([qkv, qkv_t[:, None]], dim=1).chunk(3, dim=-1)  # 13 tokens: the sequence, then the step
+    o_ref = _naive_mix(mixer, q, k, v)
+    kernel_part = o_ref - _naive_mix(mixer, q, k, v, long_kernel=torch.zeros(2, 13))
+    assert _relative_error(o, o_ref[:, :12], kernel_part[:, :12]) < 3e-5  # forward: FFT convolutions
+    assert _relative_error(o_t, o_ref[:, 12], kernel_part[:, 12]) < 3e-5  # step: direct sums
+    assert _relative_error(y, y32, y32) < 4 * BF16_EPS and _relative_error(y_t, y32_t, y32_t) < 4 * BF16_EPS
+    # a half-precision model whose ``ssm`` submodules stay float32 (what the model tier does): the bf16 weights'
+    # rounding on top of the projections'
     mixer = mixer.to(torch.bfloat16)
     mixer.long_conv.ssm.float()
     mixer.shift_conv.ssm.float()
     y16, state = mixer(x.bfloat16(), return_state=True)
-    assert y16.dtype == torch.bfloat16 and torch.isfinite(y16).all()
-    assert state["kv_state"].dtype == torch.float32
+    assert y16.dtype == torch.bfloat16 and state["kv_state"].dtype == torch.float32
+    assert _relative_error(y16, y32, y32) < 4 * BF16_EPS
 
 
 @pytest.mark.parametrize(

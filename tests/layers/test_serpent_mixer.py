@@ -1,66 +1,207 @@
-"""The SeRpEnt mixer: the resampling branch against a per-row loop, causality, streaming decode equal to
-the parallel forward (also exactly at grid boundaries), left padding, and the degenerate cases (no
-resampling branch = Mamba; κ = 1, K = 1 = Mamba over θ_Γ of each token)."""
+"""The SeRpEnt mixer: each resampling branch (causal and faithful) and the whole mixer against per-row Python
+loops in float64 (outputs and gradients, with padding), causality, streaming decode equal to the parallel
+forward (also exactly at grid boundaries), left padding, and the degenerate cases (no resampling branch =
+Mamba; κ = 1, K = 1 = Mamba over θ_Γ of each token)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from torch.nn import functional as F
 
 import ssmhub
 from ssmhub.layers.mamba import MambaMixer
 from ssmhub.layers.serpent import ResamplingBranch, SerpentMixer
+from ssmhub.ops import selective_scan_ref
 
 HIDDEN = 12
 MAMBA = {"intermediate_size": 8, "state_size": 4}
 
 
+def vary_steps(branch: ResamplingBranch, constant_gate=None) -> ResamplingBranch:
+    """Steps that vary from token to token (θ_Δ ~ N(0, 1)) and a faster branch Mamba, so that the windows,
+    the grid and the scan all matter; with ``constant_gate``, σ(θ_Δ x) = constant_gate for every token."""
+    with torch.no_grad():
+        branch.step_proj.weight.normal_(0, 1.0)
+        branch.mamba.dt_proj.bias.add_(2.0)
+        if constant_gate is not None:
+            branch.step_proj.weight.zero_()
+            branch.step_proj.bias.fill_(torch.logit(torch.tensor(constant_gate)).item())
+    return branch
+
+
 def make_branch(kappa=0.5, window=3, mode="causal", seed=0, constant_gate=None):
     torch.manual_seed(seed)
     branch = ResamplingBranch(HIDDEN, 6, kappa, window, 4, mode, dict(MAMBA))
-    with torch.no_grad():
-        branch.step_proj.weight.normal_(0, 1.0)  # steps that vary from token to token
-        branch.mamba.dt_proj.bias.add_(2.0)
-        if constant_gate is not None:  # σ(θ_Δ x) = constant_gate for every token
-            branch.step_proj.weight.zero_()
-            branch.step_proj.bias.fill_(torch.logit(torch.tensor(constant_gate)).item())
-    return branch.eval()
+    return vary_steps(branch, constant_gate).eval()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# float64 loop references of one row (its real tokens only)
+
+
+def _linear64(layer: torch.nn.Linear, v: torch.Tensor) -> torch.Tensor:
+    """θ v + b in float64, differentiable in the layer's (float32) parameters."""
+    out = v @ layer.weight.double().T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+def mamba_by_loop(mamba: MambaMixer, u: torch.Tensor) -> torch.Tensor:
+    """The Mamba mixer (arXiv 2312.00752 §3.4) on one unpadded row u (T, H_in), float64: in_proj, the causal
+    depthwise convolution as a loop over tokens and taps (tap k − 1 meets the newest input), SiLU, the
+    selective inputs, the loop scan ``selective_scan_ref`` with the D skip and the SiLU(z) gate, out_proj."""
+    inner, gate = _linear64(mamba.in_proj, u.double()).chunk(2, dim=-1)  # (T, E) each
+    taps = mamba.conv1d.weight.double()[:, 0]  # (E, k)
+    width = taps.shape[1]
+    conv = []
+    for pos in range(u.shape[0]):
+        acc = mamba.conv1d.bias.double() if mamba.conv1d.bias is not None else torch.zeros_like(inner[0])
+        for tap in range(width):
+            source = pos - (width - 1) + tap
+            if source >= 0:
+                acc = acc + taps[:, tap] * inner[source]
+        conv.append(acc)
+    inner = F.silu(torch.stack(conv))
+    rank, n = mamba.time_step_rank, mamba.state_size
+    low_rank, B, C = (inner @ mamba.x_proj.weight.double().T).split([rank, n, n], dim=-1)
+    delta = F.softplus(_linear64(mamba.dt_proj, low_rank))
+    A = -torch.exp(mamba.ssm.A_log.double())
+    y, _ = selective_scan_ref(inner[None], delta[None], A, B[None], C[None], D=mamba.ssm.D.double(), z=gate[None])
+    return _linear64(mamba.out_proj, y[0])
 
 
 def branch_by_loop(branch: ResamplingBranch, x: torch.Tensor) -> torch.Tensor:
-    """The causal branch of one row (1, L, H), written as the spec's pseudocode with Python loops (§3)."""
-    steps, grid_step = branch.steps(x[0])
-    delta = float(grid_step)
-    t = torch.cumsum(steps.double(), 0)
-    num_grid = int(torch.floor(t[-1] / delta))
+    """One resampling branch on one row x (n, H) of real tokens (pads removed), float64, written as plain loops
+    over tokens and grid points after arXiv 2501.11729 §4:
+
+    - Eq. 13 and 9: ``Δ_l = σ(θ_Δ x_l)·Δ·(1−κ) + κΔ`` and ``t_l = Σ_{i≤l} Δ_i``; Eq. 11: ``t̄_j = jΔ``,
+      j = 1..L̄ with ``L̄ = ⌊t_{n−1}/Δ⌋``;
+    - the window of t̄_j. Faithful (Eq. 12): the K tokens nearest in time, ties to the earlier token. Causal
+      (the layer's streaming variant): the last K tokens up to the first one with ``t_l ≥ t̄_j``;
+    - Eq. 12: ``x̄_j = θ_Γ(⊕_k [x_k, ε(t̄_j − t_k)])``, ``ε(d)_i = exp(−(d − μ_i)²)``, slots in ascending token
+      order, the missing ones of a row of fewer than K tokens first and zero;
+    - Eq. 15a: the branch's Mamba over x̄ (:func:`mamba_by_loop`);
+    - Eq. 14b: ``y_l = ȳ_k``. Faithful: k the nearest grid point, ties to the earlier one. Causal: k = ⌊t_l/Δ⌋,
+      ``y_l = 0`` before the first grid point.
+
+    The discrete choices are made on Python floats; Δ, the times and the distances stay tensors, so autograd
+    carries the gradients of θ_Δ, Δ and μ through the distances only, as in the layer.
+    """
+    faithful = branch.mode == "faithful"
+    kappa, window = branch.resampling_rate, branch.window
+    grid_step = branch.ssm.log_grid_step.double().exp()
+    theta_delta, bias_delta = branch.step_proj.weight.double()[0], branch.step_proj.bias.double()[0]
+    centers = branch.ssm.distance_centers.double()
+    x = x.double()
+    times, clock = [], 0.0
+    for token in x:
+        gate = torch.sigmoid(token @ theta_delta + bias_delta)
+        clock = clock + gate * grid_step * (1 - kappa) + kappa * grid_step
+        times.append(clock)
+    t, delta = [time.item() for time in times], grid_step.item()
+    num_grid = math.floor(t[-1] / delta)
     x_bar = []
     for j in range(1, num_grid + 1):
-        emission = next(i for i in range(len(t)) if t[i] >= j * delta)
-        window = [k for k in range(emission - branch.window + 1, emission + 1)]
-        inputs = torch.stack([x[0, k] if k >= 0 else torch.zeros(HIDDEN) for k in window])
-        distance = torch.tensor([j * delta - float(t[k]) if k >= 0 else 0.0 for k in window], dtype=torch.float64)
-        valid = torch.tensor([k >= 0 for k in window])
-        x_bar.append(branch._compress(inputs, distance, valid))
-    if not x_bar:
-        return torch.zeros(1, x.shape[1], branch.branch_size)
-    y_grid, _ = branch.mamba(torch.stack(x_bar)[None])  # (1, L̄, H_b): the row alone, no padding
+        if faithful:
+            members = sorted(sorted(range(len(t)), key=lambda k, j=j: (abs(j * delta - t[k]), k))[:window])
+        else:
+            emission = next(pos for pos in range(len(t)) if t[pos] >= j * delta)
+            members = list(range(max(0, emission - window + 1), emission + 1))
+        slots = [torch.zeros(x.shape[1] + len(centers), dtype=torch.float64)] * (window - len(members))
+        for k in members:
+            features = torch.exp(-((j * grid_step - times[k] - centers) ** 2))  # (G,)
+            slots.append(torch.cat([x[k], features]))
+        x_bar.append(_linear64(branch.compress, torch.cat(slots)))
+    zero = torch.zeros(branch.branch_size, dtype=torch.float64)
+    y_grid = mamba_by_loop(branch.mamba, torch.stack(x_bar)) if x_bar else None
     out = []
-    for i in range(len(t)):
-        j = int(torch.floor(t[i] / delta))
-        out.append(y_grid[0, j - 1] if j >= 1 else torch.zeros(branch.branch_size))
-    return torch.stack(out)[None]
+    for time in t:
+        if faithful:
+            k = min(range(1, num_grid + 1), key=lambda g, time=time: (abs(time - g * delta), g), default=0)
+        else:
+            k = math.floor(time / delta)
+        out.append(y_grid[k - 1] if k >= 1 else zero)
+    return torch.stack(out)
 
 
-def test_causal_branch_equals_the_per_row_loop_in_a_batch_of_unequal_grids():
-    branch = make_branch(kappa=0.3)
-    x = torch.randn(3, 17, HIDDEN)
-    mask = torch.ones(3, 17, dtype=torch.long)
-    mask[1, :5] = 0  # left padding: row 1 is the row x[1, 5:] alone
-    with torch.no_grad():
-        y, _ = branch(x, mask=mask)
-        for row in (0, 2):
-            torch.testing.assert_close(y[row : row + 1], branch_by_loop(branch, x[row : row + 1]), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(y[1:2, 5:], branch_by_loop(branch, x[1:2, 5:]), rtol=1e-5, atol=1e-6)
+def assert_relative_close(got: torch.Tensor, expected: torch.Tensor, rel: float, name: str = "") -> None:
+    """max |got − expected| ≤ rel · max |expected|: the error relative to the signal under test (float32 layer
+    vs float64 loop), and a non-zero reference, so a gradient that fails to arrive cannot pass."""
+    scale = expected.detach().abs().max().item()
+    error = (got.detach().double() - expected.detach().double()).abs().max().item()
+    assert scale > 0, f"{name}: the reference is zero"
+    assert error <= rel * scale, f"{name}: max error {error:.3g} > {rel:g} × max |reference| {scale:.3g}"
+
+
+def assert_matches_loop(module, reference, x: torch.Tensor, mask: torch.Tensor, rel_out: float, rel_grad: float):
+    """``module(x, mask)`` against ``reference`` (a row of real tokens (n, H) -> (n, ·)) on each row's real
+    tokens alone: the outputs at the real positions, and the gradients of a random weighting of them with
+    respect to x (zero at pads) and every parameter of the module."""
+    x = x.detach().requires_grad_()
+    params = dict(module.named_parameters())
+    y, _ = module(x, mask=mask.long())
+    y = y[mask]  # (real tokens, ·), rows one after the other
+    expected = torch.cat([reference(x[b, mask[b]]) for b in range(x.shape[0])])
+    assert_relative_close(y, expected, rel_out, "output")
+    weights = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad((y * weights).sum(), [x, *params.values()])
+    want = torch.autograd.grad((expected * weights.double()).sum(), [x, *params.values()])
+    for name, g, w in zip(["x", *params], got, want):
+        assert_relative_close(g, w, rel_grad, f"grad {name}")
+
+
+def padding_mask(length: int) -> torch.Tensor:
+    """(6, length) bool: a full row, a left-padded and a right-padded row, one with pads inside, and rows of
+    3 and 1 real tokens (fewer than K = 4: windows with empty slots; a single token: usually no grid point)."""
+    mask = torch.ones(6, length, dtype=torch.bool)
+    mask[1, :5] = False
+    mask[2, -4:] = False
+    mask[3, 6:9] = False
+    mask[4, :-3] = False
+    mask[5, :-1] = False
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the branch and the mixer against the loops
+
+
+@pytest.mark.parametrize("mode", ["causal", "faithful"])
+@pytest.mark.parametrize(
+    ("kappa", "constant_gate"),
+    [(0.3, None), (0.5, 0.5)],  # κ = σ = 0.5: every step is 0.75Δ, exact ties in the windows and the expansion
+    ids=["varied_steps", "exact_ties"],
+)
+def test_branch_matches_the_loop_outputs_and_gradients_with_padding(mode, kappa, constant_gate):
+    """Every row of a padded batch (unequal grids; pads anywhere advance no clock and enter no window) equals
+    the float64 loop on its real tokens alone: outputs, and gradients in x, θ_Δ, Δ, μ, θ_Γ and the Mamba."""
+    branch = make_branch(kappa=kappa, window=4, mode=mode, constant_gate=constant_gate)
+    if constant_gate is None:
+        with torch.no_grad():
+            branch.ssm.log_grid_step.fill_(0.3)  # Δ ≠ 1
+    x = torch.randn(6, 17, HIDDEN, generator=torch.Generator().manual_seed(0))
+    assert_matches_loop(branch, lambda row: branch_by_loop(branch, row), x, padding_mask(17), 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize("mode", ["causal", "faithful"])
+def test_mixer_matches_the_loop_outputs_and_gradients_with_padding(mode):
+    """Eq. 15: the base Mamba and two resampling branches (κ = 0.5, 0.25) concatenated, against the loops."""
+    torch.manual_seed(0)
+    mixer = SerpentMixer(
+        HIDDEN, (0.5, 0.25), resampling_window=4, num_distance_features=4, resampling_mode=mode, state_size=4
+    )
+    for branch in mixer.resampled:
+        vary_steps(branch)
+
+    def reference(row):
+        return torch.cat([mamba_by_loop(mixer.base, row), *(branch_by_loop(b, row) for b in mixer.resampled)], -1)
+
+    x = torch.randn(6, 15, HIDDEN, generator=torch.Generator().manual_seed(2))
+    mask = padding_mask(15)
+    mask[3] = True  # the base Mamba gives the numbers of the row alone for left or right padding only
+    assert_matches_loop(mixer.eval(), reference, x, mask, 1e-5, 1e-4)
 
 
 @pytest.mark.parametrize("constant_gate", [None, 0.5])  # 0.5: steps of exactly 0.75Δ, t lands on grid points
@@ -133,16 +274,6 @@ def test_faithful_mode_reads_later_tokens():
     hidden = model(inputs_embeds=embeds).last_hidden_state
     (grad,) = torch.autograd.grad(hidden[:, 10].square().sum(), embeds)
     assert grad[:, 11:].abs().sum() > 0  # the paper's symmetric windows and rounding look ahead (spec §3)
-
-
-def test_gradients_reach_the_step_map_and_the_grid_step():
-    branch = make_branch()
-    branch.train()
-    y, _ = branch(torch.randn(2, 15, HIDDEN))
-    y.square().sum().backward()
-    assert branch.step_proj.weight.grad.abs().sum() > 0
-    assert branch.ssm.log_grid_step.grad.abs() > 0
-    assert branch.ssm.distance_centers.grad.abs().sum() > 0
 
 
 def test_kappa_one_and_window_one_is_mamba_over_each_token():
