@@ -1,6 +1,7 @@
 import pytest
 import torch
 from families import FAMILIES
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
 
 @pytest.fixture(params=FAMILIES, ids=lambda f: f.name)
@@ -43,3 +44,50 @@ def any_model(family):
     if family.causal_lm is not None:
         return family.causal_lm(family.config()).eval()
     return family.sequence_classification(family.config(num_labels=3)).eval()
+
+
+AUTO_CLASSES = {  # Auto class name -> (class, the suffix of the ssmhub classes it loads)
+    "AutoModelForCausalLM": (AutoModelForCausalLM, "ForCausalLM"),
+    "AutoModelForSequenceClassification": (AutoModelForSequenceClassification, "ForSequenceClassification"),
+    "AutoModelForTokenClassification": (AutoModelForTokenClassification, "ForTokenClassification"),
+}
+
+
+def auto_class_name(model) -> str:
+    """The name of the transformers Auto class that loads ``model``'s head."""
+    return next(name for name, (_, suffix) in AUTO_CLASSES.items() if type(model).__name__.endswith(suffix))
+
+
+def auto_class(model):
+    """The transformers Auto class that loads ``model``'s head (AutoModelForCausalLM, ...)."""
+    return AUTO_CLASSES[auto_class_name(model)][0]
+
+
+def every_head(family) -> dict:
+    """Each head the family has (causal LM, sequence and token classifier), keyed by the Auto class
+    that loads it, each built from seed 0 and in eval mode."""
+    classes = {
+        "AutoModelForCausalLM": family.causal_lm,
+        "AutoModelForSequenceClassification": family.sequence_classification,
+        "AutoModelForTokenClassification": family.token_classification,
+    }
+    heads = {}
+    for name, cls in classes.items():
+        if cls is not None:
+            torch.manual_seed(0)
+            heads[name] = cls(family.config() if name == "AutoModelForCausalLM" else family.config(num_labels=3))
+    return {name: model.eval() for name, model in heads.items()}
+
+
+def random_labels(model, ids, seed=0):
+    """Labels of ``model``'s head for ``ids`` (B, L), drawn from a fixed seed: the ids themselves for a
+    causal LM (its loss shifts them), a class per row for a sequence classifier, a class per position
+    for a token classifier."""
+    gen = torch.Generator().manual_seed(seed)
+    name = auto_class_name(model)
+    if name == "AutoModelForCausalLM":
+        return ids.clone()
+    num_labels = model.config.num_labels
+    if name == "AutoModelForSequenceClassification":
+        return torch.randint(0, num_labels, ids.shape[:1], generator=gen)
+    return torch.randint(0, num_labels, ids.shape, generator=gen)

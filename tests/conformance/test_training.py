@@ -1,10 +1,14 @@
-"""Fine-tuning with transformers.Trainer, exact gradient accumulation, and the optimizer groups."""
+"""Fine-tuning with transformers.Trainer, exact gradient accumulation, gradient checkpointing, the optimizer groups.
+
+A check that holds for any head runs on the family's causal LM or, where it has none (``dlr-bidirectional``,
+``serpent-faithful``), its sequence classifier; gradient accumulation also runs on every token classifier.
+"""
 
 import copy
 
 import pytest
 import torch
-from conftest import random_ids
+from conftest import random_ids, random_labels
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
@@ -75,15 +79,31 @@ def test_trainer_fine_tunes_the_classifier(classifier, tmp_path):
     assert after < 0.5 * before, (before, after)
 
 
-def test_gradient_accumulation_is_exact(causal_lm, tmp_path):
-    """One step over a batch of 4 equals 2 accumulated micro-batches of 2, although the micro-batches
-    hold different numbers of labelled tokens (the loss is normalized by num_items_in_batch)."""
+def accumulation_rows(model) -> list[dict]:
+    """Four training rows for ``model``'s head whose labelled items differ between the two halves of the
+    batch: an LM's or a tagger's rows have 10, 7, 4 and 1 labelled positions; of a sequence classifier's
+    four rows, the third is unlabelled (-100), so the halves hold 2 and 1 labels."""
     rows = []
     for i in range(4):
-        ids = random_ids(1, 12, seed=10 + i)[0]
-        labels = ids.clone()
-        labels[: 2 + 3 * i] = -100  # 10, 7, 4, 1 labelled positions
-        rows.append({"input_ids": ids, "labels": labels})
+        ids = random_ids(1, 12, seed=10 + i)
+        labels = random_labels(model, ids, seed=i)[0]
+        if labels.dim():  # one label per position
+            labels[: 2 + 3 * i] = -100
+        elif i == 2:
+            labels = torch.tensor(-100)
+        rows.append({"input_ids": ids[0], "labels": labels})
+    return rows
+
+
+@pytest.mark.parametrize("head", ["any_model", "tagger"], ids=["lm-or-classifier", "tagger"])
+def test_gradient_accumulation_is_exact(family, head, request, tmp_path):
+    """One step over a batch of 4 equals 2 accumulated micro-batches of 2, although the micro-batches
+    hold different numbers of labelled items: Trainer passes num_items_in_batch to a model whose
+    forward takes **kwargs and does not divide its loss by the accumulation steps, so the head's loss
+    must divide its sum by num_items_in_batch. (``family`` is requested so that ``head``, a fixture
+    parametrized by it, can be looked up by name.)"""
+    model = request.getfixturevalue(head)
+    rows = accumulation_rows(model)
     common = {
         "max_steps": 1,
         "learning_rate": 1.0,
@@ -93,19 +113,43 @@ def test_gradient_accumulation_is_exact(causal_lm, tmp_path):
     }
     results = []
     for batch, accumulation in ((4, 1), (2, 2)):
-        model = copy.deepcopy(causal_lm).train()
+        trained = copy.deepcopy(model).train()
         args = _args(
             tmp_path / f"{batch}", per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation, **common
         )
-        Trainer(model=model, args=args, train_dataset=ListDataset(rows)).train()
-        results.append(dict(model.named_parameters()))
+        Trainer(model=trained, args=args, train_dataset=ListDataset(rows)).train()
+        results.append(dict(trained.named_parameters()))
     for name, param in results[0].items():
-        torch.testing.assert_close(param, results[1][name], atol=1e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(param, results[1][name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_optimizer_param_groups(causal_lm):
-    groups = causal_lm.optimizer_param_groups(weight_decay=0.1, lr=1e-3, recurrence_lr=2e-4)
-    names = {id(p): n for n, p in causal_lm.named_parameters()}
+def test_gradient_checkpointing_gives_the_same_gradients(any_model):
+    """Checkpointed blocks recompute their forward in the backward pass: loss and gradients equal the
+    plain run's. One row is left-padded with real (nonzero) token ids, so a block that lost the
+    attention mask in the recomputation would see them and change the gradients."""
+    ids = random_ids(2, 12)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    labels = random_labels(any_model, ids)
+    if labels.dim() == 2:
+        labels[mask == 0] = -100
+    any_model.train()
+    expected_loss = any_model(ids, attention_mask=mask, labels=labels).loss
+    expected_loss.backward()
+    expected = {n: p.grad.clone() for n, p in any_model.named_parameters()}
+    any_model.zero_grad()
+    any_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert any_model.is_gradient_checkpointing
+    loss = any_model(ids, attention_mask=mask, labels=labels).loss
+    loss.backward()
+    torch.testing.assert_close(loss, expected_loss, atol=0, rtol=1e-6)
+    for name, param in any_model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_optimizer_param_groups(any_model):
+    groups = any_model.optimizer_param_groups(weight_decay=0.1, lr=1e-3, recurrence_lr=2e-4)
+    names = {id(p): n for n, p in any_model.named_parameters()}
     by_decay = {}
     for group in groups:
         for p in group["params"]:

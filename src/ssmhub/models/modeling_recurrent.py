@@ -350,7 +350,8 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
         logits = self.score(pooled).float()  # (B, num_labels)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            # **kwargs carries Trainer's num_items_in_batch: the loss is then a sum over it (exact accumulation)
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
         if not return_dict:
             output = tuple(v for v in (logits, outputs.hidden_states) if v is not None)
             return (loss, *output) if loss is not None else output
@@ -407,7 +408,7 @@ class RecurrentForTokenClassification(RecurrentPreTrainedModel):
                 raise ValueError(
                     f"labels must have shape {tuple(logits.shape[:2])} (batch, length); got {tuple(labels.shape)}"
                 )
-            loss = self.loss_function(logits, labels, self.config)
+            loss = self.loss_function(logits, labels, self.config, **kwargs)
         if not return_dict:
             output = tuple(v for v in (logits, outputs.hidden_states) if v is not None)
             return (loss, *output) if loss is not None else output
