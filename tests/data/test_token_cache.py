@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import io
 import os
+import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
 import torch
 
+import ssmhub.data.pg19 as pg19_module
 from ssmhub.data import (
     CorpusSource,
     cached_token_windows,
@@ -139,6 +144,89 @@ def test_pg19_source_reads_the_local_split_book_by_book(tokenizer, tmp_path):
         pg19_source("dev", root)
 
 
+def random_books(count: int, lines_per_book: int, seed: int = 0) -> dict[str, str]:
+    """``count`` books (id -> text), each of ``lines_per_book`` lines of 12 words drawn from 500."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(500)]
+    line = lambda: " ".join(rng.choice(words) for _ in range(12)) + "\n"  # noqa: E731
+    return {str(1000 + i): "".join(line() for _ in range(lines_per_book)) for i in range(count)}
+
+
+def count_book_texts_alive(monkeypatch) -> dict[str, int]:
+    """Make the texts the PG-19 reader reads count themselves. The returned counts are kept up to date:
+    "read" (books read) and "most_alive" (the most book texts alive at once; a split read at once keeps
+    all of them alive)."""
+    counts = {"read": 0, "alive": 0, "most_alive": 0}
+
+    class BookText(str):
+        def __del__(self):
+            counts["alive"] -= 1
+
+    class BookFile(io.StringIO):
+        def read(self, size=-1):
+            text = BookText(super().read(size))
+            counts["read"] += 1
+            counts["alive"] += 1
+            counts["most_alive"] = max(counts["most_alive"], counts["alive"])
+            return text
+
+    def open_book(path, *args, **kwargs):
+        with open(path, *args, **kwargs) as handle:
+            return BookFile(handle.read())
+
+    monkeypatch.setattr(pg19_module, "open", open_book, raising=False)  # shadows the builtin in that module
+    return counts
+
+
+def traced_peak_bytes(build) -> int:
+    """Peak bytes of Python objects (tracemalloc) alive while ``build()`` runs, above those alive before.
+
+    A corpus held in memory is held as Python objects (book texts, token-id lists), so this sees a split
+    read or tokenized at once; memory of Arrow and of the Rust tokenizer is not counted.
+    """
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        gc.collect()
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        build()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+def test_pg19_windows_stream_book_by_book_and_equal_the_in_memory_windows(tokenizer, tmp_path, monkeypatch):
+    """The windows of 40 books of 8 KiB are built without loading the split: at most 9 of the texts the reader
+    reads are alive at once (the document writer's 8, and the book being read), and building them takes about
+    as much Python memory as building the windows of 8 books: less than half the 270 KiB of text of the 32
+    extra books, which tokenizing them at once would cost many times over. The windows equal
+    pg19_token_windows over the books' texts in memory (so none crosses a book boundary). The slow test
+    below checks the process's memory on 48 MB of books."""
+    books = random_books(40, lines_per_book=150)
+    few = write_books(tmp_path / "few", dict(list(books.items())[:8]))
+    many = write_books(tmp_path / "many", books)
+    cached_token_windows(pg19_source("train", few), tokenizer, 64, cache_dir=tmp_path / "warm-up")  # lazy imports
+
+    def build(root, cache):
+        return lambda: cached_token_windows(pg19_source("train", root), tokenizer, 64, cache_dir=tmp_path / cache)
+
+    texts = count_book_texts_alive(monkeypatch)
+    peak_of_many = traced_peak_bytes(build(many, "many"))
+    assert texts["read"] == 40
+    assert texts["most_alive"] <= 8 + 1, f"{texts['most_alive']} of the 40 books' texts were alive at once"
+    extra = peak_of_many - traced_peak_bytes(build(few, "few"))
+    extra_books_bytes = sum(len(text) for text in list(books.values())[8:])
+    assert extra < extra_books_bytes / 2, f"32 more books ({extra_books_bytes} bytes) cost {extra} bytes"
+
+    windows = cached_token_windows(pg19_source("train", many), tokenizer, 64, cache_dir=tmp_path / "many")
+    oracle = torch.stack(list(pg19_token_windows([books[k] for k in sorted(books)], tokenizer, 64)))
+    assert len(windows) == len(oracle) > 40 * 10
+    assert torch.equal(windows[range(len(windows))], oracle)
+
+
 _RSS_SCRIPT = """
 import re, sys, threading, time
 from ssmhub.data import cached_token_windows, pg19_source
@@ -168,14 +256,10 @@ print(len(windows), (peak[0] - base) * 1024)
 def test_building_pg19_windows_streams_instead_of_loading_the_split(tmp_path):
     """Peak anonymous memory while tokenizing 12 vs 48 books of 1 MB: the extra 36 MB of books (about
     20M tokens, which as Python lists alone would take 700 MB) must cost less than their own size."""
-    import random
     import subprocess
     import sys
 
-    rng = random.Random(0)
-    words = [f"w{i}" for i in range(500)]
-    lines = lambda: "".join(" ".join(rng.choice(words) for _ in range(12)) + "\n" for _ in range(20_000))  # noqa: E731
-    root = write_books(tmp_path / "data", {str(1000 + i): lines() for i in range(48)})
+    root = write_books(tmp_path / "data", random_books(48, lines_per_book=20_000))
     book_bytes = sum(p.stat().st_size for p in (root / "pg19" / "train").iterdir()) / 48
 
     def run(max_books: int) -> tuple[int, int]:
