@@ -13,7 +13,7 @@ import pytest
 from training_helpers import losses, tiny_args
 
 from ssmhub.training.cli import main
-from ssmhub.training.trainer import MetricsLogger
+from ssmhub.training.metrics import MetricsLogger
 
 VENV_BIN = Path(sys.executable).parent
 
