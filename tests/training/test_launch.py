@@ -14,7 +14,7 @@ from training_helpers import losses, tiny_args
 
 from ssmhub.training.checkpoint import MARKER, list_checkpoints, verify_checkpoint
 from ssmhub.training.cli import main
-from ssmhub.training.trainer import MetricsLogger
+from ssmhub.training.metrics import MetricsLogger
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -7,7 +7,15 @@ import json
 import pytest
 import torch
 
-from ssmhub.training.regular import RegularRunConfig, bucket_accuracy, last_token_accuracy, main, run_regular
+from ssmhub.training.regular import (
+    LENGTH_BUCKETS,
+    RegularRunConfig,
+    bucket_accuracy,
+    last_token_accuracy,
+    length_buckets,
+    main,
+    run_regular,
+)
 
 
 def test_last_token_accuracy_uses_the_last_supervised_position():
@@ -26,6 +34,32 @@ def test_bucket_accuracy_groups_positions_by_prefix_length():
     assert list(buckets) == ["1-40", "41-60"]
     assert buckets["1-40"] == 1.0
     assert buckets["41-60"] == pytest.approx((2 * 20 - 15) / 40)
+
+
+@pytest.mark.parametrize("length", [1, 39, 40, 41, 100, 101, 499, 500, 501, 1000, 1001, 2345])
+def test_length_buckets_cover_every_prefix_length_once(length):
+    buckets = length_buckets(length)
+    covered = [n for low, high in buckets for n in range(low, high + 1)]
+    assert covered == list(range(1, length + 1))  # in order, no gap, no overlap, up to the test length
+    inner_ends = [high for _, high in buckets[:-1]]
+    assert inner_ends == [40, *range(100, 100 * len(inner_ends), 100)][: len(inner_ends)]
+
+
+def test_length_buckets_past_the_paper_test_length():
+    assert LENGTH_BUCKETS == ((1, 40), (41, 100), (101, 200), (201, 300), (301, 400), (401, 500))
+    assert length_buckets(500) == list(LENGTH_BUCKETS) and length_buckets(499)[-1] == (401, 499)
+    assert length_buckets(1000)[5:] == [(401, 500), (501, 600), (601, 700), (701, 800), (801, 900), (901, 1000)]
+    with pytest.raises(ValueError, match="length must be a positive integer"):
+        length_buckets(0)
+
+
+def test_bucket_accuracy_reaches_the_end_of_a_long_test_sequence():
+    labels = torch.zeros(2, 1000, dtype=torch.long)
+    predictions = torch.zeros(2, 1000, dtype=torch.long)
+    predictions[:, 950:] = 1  # wrong on prefixes of length 951..1000 only
+    buckets = bucket_accuracy(predictions, labels)
+    assert list(buckets)[-3:] == ["701-800", "801-900", "901-1000"]
+    assert buckets["901-1000"] == 0.5 and all(v == 1.0 for k, v in buckets.items() if k != "901-1000")
 
 
 def tiny(**overrides) -> RegularRunConfig:
@@ -65,6 +99,16 @@ def test_cli_writes_json(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["task"] == "mod_arith" and result["train_length"] == 39 and result["test_length"] == 41
     assert "dlr on mod_arith: test accuracy at length 41" in capsys.readouterr().out
+
+
+def test_cli_reports_prefix_buckets_up_to_the_test_length(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = ["--task", "sum", "--model_type", "dlr", "--steps", "1", "--eval_steps", "1", "--batch_size", "2"]
+    args += ["--eval_batch_size", "2", "--test_sequences", "2", "--test_length", "1000"]
+    args += ["--model_config", '{"hidden_size": 8, "state_size": 2}', "--output", str(out)]
+    assert main(args) == 0
+    assert list(json.loads(out.read_text())["bucket_accuracy"])[-2:] == ["801-900", "901-1000"]
+    assert "801-900: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ssmhub.training import TrainConfig, train
 from ssmhub.training.cli import main
 from ssmhub.training.config import config_from_args
-from ssmhub.training.trainer import MetricsLogger
+from ssmhub.training.metrics import MetricsLogger
 
 
 @pytest.fixture(scope="module")

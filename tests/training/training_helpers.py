@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ssmhub.training.trainer import MetricsLogger
+from ssmhub.training.metrics import MetricsLogger
 
 WORDS = [
     *"the of and in to a was is for on as by with he at from his an were are which that it".split(),

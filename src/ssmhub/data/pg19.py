@@ -17,7 +17,7 @@ has ``"\\n"`` line ends, exactly as the Hub copy (whose builder reads the same f
 
 Word-level perplexity (:func:`pg19_word_count`): PG-19 reports perplexity per word, i.e.
 ``exp(total NLL in nats over all predicted tokens of the split / number of words of the split)``.
-The project's specs and papers carry no note on how the words are counted; we use the convention of
+None of the papers this library implements says how the words are counted; we use the convention of
 the PG-19 release, words = whitespace-separated strings of the book text (``len(text.split())``),
 so a word-level number does not depend on the tokenizer.
 """

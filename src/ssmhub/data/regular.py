@@ -31,10 +31,10 @@ Tasks (``M`` is ``modulus``; ``s_t`` is the token at position ``t = 0..n-1``):
     tokens ``0, 1``; ``y_t`` = number of 1s in ``s_0..s_t`` mod 2; 2 classes (``modulus`` is not
     used). Example: ``1 0 1 0 1 0 0 -> 1 1 0 0 1 1 1``.
 
-Deletang et al. score only the final answer; here every prefix is labelled (the lengths, the online
-sampling and the last-position metric follow the spec of the paper, §3). Train / test lengths are the
-paper's Table 1 (40 / 500; 39 / 499 for ModArith, which needs odd lengths); the Deletang tasks use
-40 / 500, their training and largest test lengths.
+Deletang et al. score only the final answer; here every prefix is labelled. Train / test lengths are the
+paper's (§4.2, Table 1: 40 / 500; 39 / 499 for ModArith, which needs odd lengths); the online sampling and
+the last-position metric are those of the authors' code (github.com/tinghanf/RegluarLRNN). The Deletang
+tasks use 40 / 500, their training and largest test lengths.
 
 :func:`reference_labels` is a slow pure-Python oracle written from the definitions above and
 independently of the vectorized generators.

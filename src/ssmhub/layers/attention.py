@@ -18,11 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .mixer import TokenMixer
+
 __all__ = ["CausalSelfAttention"]
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a key/value cache (the ssmhub mixer protocol).
+class CausalSelfAttention(TokenMixer):
+    """Multi-head causal self-attention with a key/value cache (:class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
         hidden_size: model width d.
@@ -42,22 +44,18 @@ class CausalSelfAttention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 
-    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
-        """An empty cache: zero past tokens."""
-        shape = (batch_size, self.num_heads, 0, self.head_dim)
-        return {
-            "key": torch.zeros(shape, device=device, dtype=dtype),
-            "value": torch.zeros(shape, device=device, dtype=dtype),
-            "key_mask": torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
-        }
+    def state_layout(self, batch_size: int, dtype=None):
+        """``key``, ``value``: (B, heads, T, d_head) in the activations' dtype; ``key_mask``: (B, T) bool.
+        T, the tokens seen so far, grows by one per token (0 before the first)."""
+        shape = (batch_size, self.num_heads, None, self.head_dim)
+        kind = torch.get_default_dtype() if dtype is None else dtype
+        return {"key": (shape, kind), "value": (shape, kind), "key_mask": ((batch_size, None), torch.bool)}
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    def reset_state(self, state, rows):
+        """A document start: the rows' earlier keys are never attended to again."""
+        return {**state, "key_mask": state["key_mask"] & ~rows[:, None]}
+
+    def _forward(self, x, mask, state, return_state):
         """x (B, L, d), mask (B, L) of the new tokens; ``state`` holds the earlier tokens' keys/values."""
         batch, length, _ = x.shape
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
@@ -83,7 +81,7 @@ class CausalSelfAttention(nn.Module):
         new_state = {"key": k, "value": v, "key_mask": key_mask} if return_state else None
         return y, new_state
 
-    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token: x_t (B, d) -> (y_t (B, d), state with its key and value appended). O(T) per token."""
-        y, new_state = self.forward(x_t.unsqueeze(1), None, state, return_state=True)
+    def _step(self, x_t, state, mask_t):
+        """One token: its key and value appended to the state. O(T) per token."""
+        y, new_state = self._forward(x_t.unsqueeze(1), None if mask_t is None else mask_t[:, None], state, True)
         return y[:, 0], new_state

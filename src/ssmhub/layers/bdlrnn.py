@@ -9,13 +9,13 @@ On an input ``u ∈ R^{B×T×d}`` (already LayerNormed by the block), with ``h =
    the paper a linear map (``input_map="linear"``);
 4. ``x_k = A_k x_{k-1} + v_k`` from a learned ``x_0`` (randn init, shared across the batch; zeros with
    ``learned_initial_state=False``), run as a log-depth parallel scan (§3.4, :func:`ssmhub.ops.block_scan`)
-   or a loop over time (``scan="sequential"``, :func:`ssmhub.ops.block_scan_ref`, faster on CPU for short T);
+   or a loop over time (``scan="sequential"``, :func:`ssmhub.ops.block_scan_ref`, faster on CPU);
 5. output ``y_k = flatten(x_k) ∈ R^d`` (x_0 excluded; the layer's ``h(·)`` is the identity).
 
-Where the authors' code differs from the paper (spec regular-lrnn §1.2), the code is the default, since it
-is what reproduces Table 2: ``norm_mode="code"`` centres every column over its rows and divides the whole
-block by its largest column p-norm (no epsilon); ``norm_mode="paper"`` is Eq. 6's per-column
-``v / max(1, ‖v‖_p)`` without centring. ``v_k`` is an MLP in the code, ``B u_k`` in the paper.
+Where the authors' code (github.com/tinghanf/RegluarLRNN, ``BlockModel``) differs from the paper, the code
+is the default, since it is what reproduces Table 2: ``norm_mode="code"`` centres every column over its rows
+and divides the whole block by its largest column p-norm (no epsilon); ``norm_mode="paper"`` is Eq. 6's
+per-column ``v / max(1, ‖v‖_p)`` without centring. ``v_k`` is an MLP in the code, ``B u_k`` in the paper.
 
 Stability (§3.3, Eq. 7): with p = 1 under ``norm_mode="paper"`` every column has 1-norm ≤ 1, a property
 closed under products, so ``‖x_k‖_1 ≤ ‖x_0‖_1 + Σ_j ‖v_j‖_1``. For p > 1 (the paper's 1.2) there is no
@@ -35,6 +35,8 @@ from ..ops.block_norm import normalize_by_largest_column
 from ..ops.block_scan import block_scan, block_scan_ref, block_step
 from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
+from .initial_values import fill_initial_values
+from .mixer import TokenMixer
 
 __all__ = ["BDLRNNMixer", "normalize_blocks"]
 
@@ -58,7 +60,7 @@ def _check_block_options(
     if not norm_eps >= 0:
         raise ValueError(f"{owner}.norm_eps must be non-negative; got {norm_eps}")
     if norm_mode == "code" and block_size == 1:
-        # centring a 1×1 block makes it 0 and the division 0/0 (spec §1.2, b = 1 caveat)
+        # centring a 1×1 block makes it 0 and the division 0/0
         raise ValueError(f"{owner}.block_size must be > 1 with norm_mode='code' (use norm_mode='paper' for b = 1)")
 
 
@@ -66,7 +68,7 @@ def _check_block_options(
 def normalize_blocks(G: torch.Tensor, p: float, mode: str = "code", eps: float = 0.0) -> torch.Tensor:
     """Turn raw transitions G (..., b, b) [row i, col j] into blocks that satisfy the norm constraint.
 
-    ``mode="code"`` (authors' code, spec §1.2 steps 2-3): ``G ← G − mean_i G`` (each column sums to 0),
+    ``mode="code"`` (the authors' code, ``BlockModel``): ``G ← G − mean_i G`` (each column sums to 0),
     then ``A = G / (max_j ‖G[:, j]‖_p + eps)`` per block, so the largest column has p-norm exactly 1
     (for eps = 0). ``mode="paper"`` (Eq. 6): each column ``v ← v / max(1, ‖v‖_p)``, no centring; columns
     already inside the unit p-ball are unchanged (eps is not used).
@@ -91,9 +93,7 @@ class BDLRNNParameters(nn.Module):
         super().__init__()
         self.num_heads, self.block_size = num_heads, block_size
         self.initial_state = nn.Parameter(torch.empty(1, num_heads, block_size)) if learned_initial_state else None
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Fresh values of every parameter, keyed by name: ``x_0 ~ N(0, 1)`` as in the authors' code (``a0``)."""
@@ -102,8 +102,8 @@ class BDLRNNParameters(nn.Module):
         return {"initial_state": torch.randn(1, self.num_heads, self.block_size, generator=generator)}
 
 
-class BDLRNNMixer(nn.Module):
-    """Block-diagonal input-dependent LRNN token mixer (Eq. 5-6, §3.3-3.4) following the ssmhub mixer protocol.
+class BDLRNNMixer(TokenMixer):
+    """Block-diagonal input-dependent LRNN token mixer (Eq. 5-6, §3.3-3.4; :class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
         hidden_size: d = h·b, the model width (and the state size per sequence).
@@ -116,8 +116,8 @@ class BDLRNNMixer(nn.Module):
         input_map: ``"mlp"`` (the code's ReLU MLP d→d→d for v_k) or ``"linear"`` (the paper's ``B u_k``).
         learned_initial_state: learned x_0 initialised ``randn`` (the code) or x_0 = 0.
         scan: ``"parallel"`` (log-depth scan), ``"sequential"`` (loop over time; same numbers) or
-            ``"auto"`` (default): parallel on CUDA, the loop on CPU, where it is faster at every
-            length measured (benchmarks/results/block_scan.md: 2.4x at T = 40, 4.7x at T = 4096).
+            ``"auto"`` (default): parallel on CUDA, the loop on CPU, faster there at every length in
+            benchmarks/results/block_scan.md.
     """
 
     def __init__(
@@ -192,51 +192,39 @@ class BDLRNNMixer(nn.Module):
             return None
         return x0 if x0.dtype == torch.float64 else x0.float()
 
+    def state_layout(self, batch_size: int, dtype=None):
+        """``bdlrnn_state``: x_k, (B, h, b) float32 whatever the model dtype (float64 in a float64 layer)."""
+        x0 = self._initial_state()
+        kind = torch.float32 if x0 is None else x0.dtype
+        return {"bdlrnn_state": ((batch_size, self.num_heads, self.block_size), kind)}
+
     def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
         """The state before the first token: x_0 expanded to (B, h, b) float32 (zeros if not learned)."""
+        state = super().init_state(batch_size, device, dtype)
         x0 = self._initial_state()
-        shape = (batch_size, self.num_heads, self.block_size)
-        if x0 is None:
-            return {"bdlrnn_state": torch.zeros(shape, dtype=torch.float32, device=device)}
-        return {"bdlrnn_state": x0.to(device).expand(shape).clone()}
+        if x0 is not None:
+            state["bdlrnn_state"] = x0.to(device).expand_as(state["bdlrnn_state"]).clone()
+        return state
 
     # ----------------------------------------------------------------------------- forward
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """Mix a whole sequence.
-
-        Args:
-            x: (B, T, d). mask: (B, T), 1 for real tokens; masked positions leave the state unchanged.
-            state: ``{"bdlrnn_state": (B, h, b)}`` after earlier tokens, or None to start from x_0.
-            return_state: return the state after the last token.
-
-        Returns: ``(y, new_state)``: y (B, T, d) in x's dtype, the flattened states x_1..x_T; new_state
-        None unless asked for.
-        """
+    def _forward(self, x, mask, state, return_state):
+        """x (B, T, d) -> y (B, T, d) in x's dtype: the flattened states x_1..x_T."""
         A, v = self.transitions(x, mask)  # (B, T, h, b, b), (B, T, h, b)
         x0 = state["bdlrnn_state"] if state is not None else self._initial_state()
         if x0 is not None and x0.dtype != A.dtype:
             x0 = x0.to(A.dtype)
-        if state is not None and x.shape[1] == 1:
-            states = block_step(A[:, 0], v[:, 0], x0).unsqueeze(1)  # (B, 1, h, b)
-        elif self.scan == "parallel" or (self.scan == "auto" and A.is_cuda):
+        if self.scan == "parallel" or (self.scan == "auto" and A.is_cuda):
             states = block_scan(A, v, x0)  # (B, T, h, b)
         else:
             states = _sequential_scan(A, v, x0)  # (B, T, h, b)
         y = states.flatten(2).to(x.dtype)  # (B, T, d)
-        new_state = {"bdlrnn_state": states[:, -1]} if return_state else None
-        return y, new_state
+        return y, ({"bdlrnn_state": states[:, -1]} if return_state else None)
 
-    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token: x_t (B, d) and the state after the previous token -> (y_t (B, d), new state). O(h·b²)
-        in the recurrence (plus the two MLPs)."""
-        A_t, v_t = self.transitions(x_t)  # (B, h, b, b), (B, h, b)
-        new_state = block_step(A_t, v_t, state["bdlrnn_state"])  # (B, h, b)
+    def _step(self, x_t, state, mask_t):
+        """One token: O(h·b²) in the recurrence (plus the two MLPs)."""
+        A_t, v_t = self.transitions(x_t, mask_t)  # (B, h, b, b), (B, h, b)
+        x0 = state["bdlrnn_state"]
+        new_state = block_step(A_t, v_t, x0 if x0.dtype == A_t.dtype else x0.to(A_t.dtype))  # (B, h, b)
         return new_state.flatten(1).to(x_t.dtype), {"bdlrnn_state": new_state}
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..ops.modal import ModalKernel, modal_kernel
+from .initial_values import fill_initial_values
 
 __all__ = ["DiagonalSSMKernel", "DiagonalSSMParameters"]
 
@@ -45,9 +46,7 @@ class DiagonalSSMParameters(nn.Module):
         self.imag = nn.Parameter(torch.empty(num_heads, state_size))
         self.c = nn.Parameter(torch.empty(num_heads, state_size, 2))
         self.skip = nn.Parameter(torch.empty(num_heads))
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """S4D-Lin: ``A_n = −1/2 + iπn``, log-uniform Δ, ``C ~ 𝒩(0, 1/2)`` per part (unit complex variance),

@@ -28,6 +28,8 @@ from torch import nn
 
 from ..ops.dlr import dlr_init, dlr_kernel, dlr_scan, dlr_step, kronecker_dlr
 from ..ops.fftconv import fft_conv
+from .initial_values import fill_initial_values
+from .mixer import TokenMixer
 
 __all__ = ["DLRMixer"]
 
@@ -61,9 +63,7 @@ class DLRParameters(nn.Module):
         self.log_lambda_im = nn.Parameter(torch.empty(num_lambdas, state_size))
         self.weight = nn.Parameter(torch.empty(num_directions * hidden_size, state_size, 2))
         self.skip = nn.Parameter(torch.empty(hidden_size)) if learned_skip else None
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Fresh §2.3 values of every parameter, keyed by name (see :func:`ssmhub.ops.dlr.dlr_init`)."""
@@ -81,8 +81,8 @@ class DLRParameters(nn.Module):
         return values
 
 
-class DLRMixer(nn.Module):
-    """DLR token mixer following the ssmhub mixer protocol (``forward``, ``step``, ``init_state``).
+class DLRMixer(TokenMixer):
+    """DLR token mixer (:class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
         hidden_size: H, the number of channels.
@@ -136,6 +136,7 @@ class DLRMixer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.output_linear = nn.Linear(hidden_size, 2 * hidden_size if use_glu else hidden_size)
         self.use_glu = use_glu
+        self.causal = not bidirectional
         self._kronecker_memo = None  # (parameter versions, recurrence) of DLR-prod, see _recurrence
 
     # ----------------------------------------------------------------------------- parameters
@@ -174,73 +175,45 @@ class DLRMixer(nn.Module):
     def recurrent_state_size(self) -> int:
         return self.state_size**2 if self.kernel_type == "prod" else self.state_size
 
-    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
-        """Zero state ``x_{-1}``: complex64 (B, H, N) (N² for DLR-prod), whatever the model dtype."""
-        self._check_steppable()
-        shape = (batch_size, self.hidden_size, self.recurrent_state_size)
-        return {"dlr_state": torch.zeros(shape, dtype=torch.complex64, device=device)}
+    def noncausal_reason(self) -> str:
+        return "a bidirectional DLR layer sees future tokens"
 
-    def _check_steppable(self) -> None:
-        if self.bidirectional:
-            raise ValueError("a bidirectional DLR layer sees future tokens: it has no recurrent state to step")
+    def state_layout(self, batch_size: int, dtype=None):
+        """``dlr_state``: x_{k}, complex64 (B, H, N) (N² for DLR-prod), whatever the model dtype."""
+        return {"dlr_state": ((batch_size, self.hidden_size, self.recurrent_state_size), torch.complex64)}
 
     # ----------------------------------------------------------------------------- forward
     def _output(self, u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Steps 2-4 of the layer on (B, L, H) tensors: skip, GELU, dropout, W_out (and GLU)."""
         skip = u if self.ssm.skip is None else u * self.ssm.skip.to(u.dtype)
         # skip first: the sum takes the layout of the contiguous skip, not of y (a transposed (B, H, L)
-        # tensor), and GELU's backward runs 4.6× faster on a contiguous input than on a permuted one
+        # tensor), whose GELU backward is much slower
         y = self.dropout(F.gelu(skip + y.to(u.dtype)))
         y = self.output_linear(y)
         return F.glu(y, dim=-1) if self.use_glu else y
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """Mix a whole sequence.
-
-        Args:
-            x: (B, L, H). mask: (B, L), 1 for real tokens; masked inputs are zeroed so they add
-                nothing to any state. state: the layer's state after earlier tokens, or None.
-            return_state: return the state after the last token.
-
-        Returns: ``(y, new_state)`` with y (B, L, H) and new_state None unless asked for.
-        """
-        if mask is not None:
-            x = x * mask.unsqueeze(-1).to(x.dtype)
-        if state is not None or return_state:
-            self._check_steppable()
-            if state is not None and x.shape[1] == 1:
-                y_t, new_state = self.step(x[:, 0], state)
-                return y_t.unsqueeze(1), (new_state if return_state else None)
+    def _forward(self, x, mask, state, return_state):
         u = x.transpose(1, 2)  # (B, H, L)
         seq_len = u.shape[-1]
         if self.bidirectional:
             backward = self.kernel(seq_len, direction=1)
             y = fft_conv(u.float(), self.kernel(seq_len), backward)  # (B, H, L)
-            new_state = None
-        else:
-            log_modulus, phase, w, readout = self._recurrence()
-            y, final = dlr_scan(
-                u,
-                log_modulus,
-                phase,
-                w,
-                kernel=self.kernel(seq_len),
-                readout=readout,
-                initial_state=None if state is None else state["dlr_state"],
-                return_final_state=return_state,
-            )  # y: (B, H, L)
-            new_state = {"dlr_state": final} if return_state else None
-        return self._output(x, y.transpose(1, 2)), new_state
+            return self._output(x, y.transpose(1, 2)), None
+        log_modulus, phase, w, readout = self._recurrence()
+        y, final = dlr_scan(
+            u,
+            log_modulus,
+            phase,
+            w,
+            kernel=self.kernel(seq_len),
+            readout=readout,
+            initial_state=None if state is None else state["dlr_state"],
+            return_final_state=return_state,
+        )  # y: (B, H, L)
+        return self._output(x, y.transpose(1, 2)), ({"dlr_state": final} if return_state else None)
 
-    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token: x_t (B, H) and the state after the previous token -> (y_t (B, H), new state). O(H·N)."""
-        self._check_steppable()
+    def _step(self, x_t, state, mask_t):
+        """One token, O(H·N): x_{k} = Λ x_{k-1} + u_k (Eq. 1), read out as the convolution's output."""
         log_modulus, phase, w, readout = self._recurrence()
         y_t, new_state = dlr_step(x_t, state["dlr_state"], log_modulus, phase, w, readout)
         return self._output(x_t.unsqueeze(1), y_t.unsqueeze(1))[:, 0], {"dlr_state": new_state}

@@ -26,9 +26,9 @@ What this implements vs the code:
 Decoding is exact: :meth:`H3Mixer.step` keeps the last ``shift_kernel_size − 1`` k inputs and the last
 ``max_kernel_length − 1`` kv inputs in fixed-shape windows (taps reach back L_max − 1 positions; an input
 further back meets a zero tap), so each token costs O(d·d_h·L_max), and a forward pass handed a state
-continues from it (prefill). An explicit length-L kernel has no smaller exact state (spec longconv.md
-§6); :meth:`H3Mixer.kernel` exposes the effective kernel so that a distilled (modal SSM) decode can be
-fitted to it later.
+continues from it (prefill). An explicit length-L kernel has no smaller exact state (the long-conv paper
+gives no recurrent mode; its Prop. 2, App. D.2, needs state L); :meth:`H3Mixer.kernel` exposes the effective
+kernel so that a distilled (modal SSM) decode can be fitted to it later.
 
 Padding: masked positions are zeroed in the input and again in k and v after the biased projection,
 so they contribute nothing to either convolution; zeros at the front of a causal convolution add
@@ -41,18 +41,17 @@ import torch
 from torch import nn
 
 from ..ops.longconv import PAPER_ORDER, causal_conv_step
-from ..ops.modal import ModalKernel, fit_modal_kernel, modal_init_state, modal_kernel, modal_scan, modal_step
+from ..ops.modal import ModalKernel, fit_modal_kernel, modal_kernel, modal_scan, modal_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
-from .checks import check_mixer_inputs
 from .diagonal_ssm import DiagonalSSMKernel
 from .longconv import LongConvKernel
+from .mixer import TokenMixer
 
 __all__ = ["KERNEL_TYPES", "H3Mixer"]
 
 KERNEL_TYPES = ("long_conv", "diagonal_ssm")
-# Longest unregularized shift kernel applied as a direct FIR rather than an FFT convolution (H3Mixer._shift).
-# Shift conv forward + backward at d = 768, L = 4096, one thread, direct vs FFT: 4 taps 58 vs 354 ms,
-# 16 taps 171 vs 280 ms, 32 taps 452 vs 289 ms.
+# Longest unregularized shift kernel run as a direct FIR (H3Mixer._shift): up to this many taps, shifted
+# multiply-adds cost less than an FFT convolution of the whole sequence.
 DIRECT_SHIFT_MAX_TAPS = 16
 
 
@@ -72,8 +71,8 @@ class ModalForm(nn.Module):
             self.register_buffer(name, torch.zeros(shape, dtype=torch.float32))
 
 
-class H3Mixer(nn.Module):
-    """H3 token mixer with a learned long convolution, following the ssmhub mixer protocol.
+class H3Mixer(TokenMixer):
+    """H3 token mixer with a learned long convolution (:class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
         hidden_size: d.
@@ -276,39 +275,20 @@ class H3Mixer(nn.Module):
         return self.shift_conv(self.shift_kernel_size if length is None else length)
 
     # ----------------------------------------------------------------------------- state
-    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
-        """Zero windows of past inputs, float32 whatever the model dtype (the convolutions run in float32).
+    def state_layout(self, batch_size: int, dtype=None):
+        """Windows of past inputs, float32 whatever the model dtype (the convolutions run in float32).
 
-        ``shift_state``: (B, d, shift_kernel_size − 1), the last k inputs, oldest first;
-        ``kv_state``: (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first.
+        ``shift_state``: (B, d, shift_kernel_size − 1), the last k inputs, oldest first; ``kv_state``:
+        (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first, or, for a modal layer,
+        the complex64 modal state (B, d_h, d_h, H, N), independent of the context.
         """
         dh = self.head_dim
-        shift_state = torch.zeros(
-            batch_size, self.hidden_size, self.shift_kernel_size - 1, dtype=torch.float32, device=device
-        )
-        if self.modal_state:  # the modal state: complex64 (B, d_h, d_h, H, N), independent of the context
-            kv_state = modal_init_state(self.modal_form(), batch_size * dh * dh, device=device)
-            return {"shift_state": shift_state, "kv_state": kv_state.reshape(batch_size, dh, dh, self.num_heads, -1)}
-        kv_state = torch.zeros(
-            batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1, dtype=torch.float32, device=device
-        )
-        return {"shift_state": shift_state, "kv_state": kv_state}
-
-    def _check_state(self, state: dict[str, torch.Tensor], batch_size: int) -> None:
-        dh = self.head_dim
-        expected = {
-            "shift_state": (batch_size, self.hidden_size, self.shift_kernel_size - 1),
-            "kv_state": (
-                batch_size,
-                dh,
-                dh,
-                self.num_heads,
-                self.num_state_modes if self.modal_state else self.max_kernel_length - 1,
-            ),
-        }
-        got = {name: tuple(state[name].shape) for name in expected if name in state}
-        if got != expected:
-            raise ValueError(f"state must hold tensors of shapes {expected}; got {got}")
+        shift = ((batch_size, self.hidden_size, self.shift_kernel_size - 1), torch.float32)
+        if self.modal_state:
+            kv = ((batch_size, dh, dh, self.num_heads, self.num_state_modes), torch.complex64)
+        else:
+            kv = ((batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1), torch.float32)
+        return {"shift_state": shift, "kv_state": kv}
 
     # ----------------------------------------------------------------------------- heads
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -325,31 +305,7 @@ class H3Mixer(nn.Module):
         return o.reshape(o.shape[0], self.hidden_size, *o.shape[3:]), extra  # channel h·d_h + j
 
     # ----------------------------------------------------------------------------- forward
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """Mix a whole sequence.
-
-        Args:
-            x: (B, L, d). mask: (B, L), 1 for real tokens. state: the windows after earlier tokens
-                (from :meth:`init_state`, a previous forward or :meth:`step`), or None.
-            return_state: also return the windows after the last token.
-
-        Returns: ``(y (B, L, d), new_state or None)``.
-        """
-        check_mixer_inputs(x, mask, self.hidden_size)
-        batch, seq_len, _ = x.shape
-        if mask is not None:
-            x = x * mask.unsqueeze(-1).to(x.dtype)
-        if state is not None:
-            self._check_state(state, batch)
-            if seq_len == 1:
-                y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
-                return y_t.unsqueeze(1), (new_state if return_state else None)
+    def _forward(self, x, mask, state, return_state):
         q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, L, d) each
         if mask is not None:  # the projection's bias made masked k, v nonzero again
             keep = mask.unsqueeze(-1).to(k.dtype)
@@ -373,17 +329,6 @@ class H3Mixer(nn.Module):
         y = self.out_proj(o.transpose(1, 2).to(x.dtype))
         new_state = {"shift_state": shift_final, "kv_state": kv_final} if return_state else None
         return y, new_state
-
-    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token: x_t (B, d) and the windows after the previous token -> (y_t (B, d), new windows).
-
-        O(d·(shift_kernel_size + d_h·max_kernel_length)) work; equals :meth:`forward` on the whole
-        sequence at that position.
-        """
-        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
-            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
-        self._check_state(state, x_t.shape[0])
-        return self._step(x_t, state, None)
 
     def _shift(self, k: torch.Tensor, history: torch.Tensor | None, return_state: bool):
         """Step 2 on k (B, L, d) float32 -> (k̃ (B, d, L) channel-first view, final window (B, d, S − 1) or None).
@@ -411,6 +356,7 @@ class H3Mixer(nn.Module):
         return k_shift.transpose(1, 2), final
 
     def _step(self, x_t, state, mask_t):
+        """One token: O(d·(shift_kernel_size + d_h·max_kernel_length)) work, O(d·d_h·N) when modal."""
         q, k, v = self.in_proj(x_t).chunk(3, dim=-1)  # (B, d) each
         if mask_t is not None:
             keep = mask_t.unsqueeze(-1).to(k.dtype)

@@ -43,6 +43,7 @@ from ..ops.longconv import (
     regularize_kernel,
 )
 from ..ops.precision import float32_math
+from .initial_values import fill_initial_values
 
 __all__ = ["KERNEL_INITS", "ButterflyBlockParameters", "LearnedButterflyConv", "LongConvKernel", "LongConvParameters"]
 
@@ -81,9 +82,7 @@ class LongConvParameters(nn.Module):
         self.kernel_init, self.init_std, self.geometric_convention = kernel_init, init_std, geometric_convention
         self.kernel = nn.Parameter(torch.empty(num_channels, max_kernel_length))
         self.skip = nn.Parameter(torch.empty(num_channels)) if use_skip else None
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Fresh initial values of every parameter, keyed by name."""

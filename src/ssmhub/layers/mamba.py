@@ -1,7 +1,8 @@
 """The Mamba mixer (Gu & Dao 2023, arXiv 2312.00752 §3.4, Fig. 3), the SSM inside every SeRpEnt branch.
 
 On an input ``u ∈ R^{B×L×H}`` (already normed by the block) with inner width E, state size N and
-time-step rank R (spec serpent.md §1 [M], the reference implementation's mixer):
+time-step rank R, as in the authors' reference code (github.com/state-spaces/mamba, ``mamba_simple.py``),
+which takes ``B̄_l = Δ_l B_l`` (Euler) rather than the zero-order hold of SeRpEnt's Eq. 3 (arXiv 2501.11729):
 
 - ``[x, z] = u W_in``                                  (H → 2E)
 - ``x ← SiLU(causal depthwise conv1d(x))``              (width ``conv_kernel``, with bias)
@@ -28,7 +29,8 @@ from torch.nn import functional as F
 
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
-from .checks import check_mixer_inputs
+from .initial_values import fill_initial_values
+from .mixer import TokenMixer
 
 __all__ = ["SCANS", "TIME_STEP_INIT_SCHEMES", "MambaMixer"]
 
@@ -56,9 +58,7 @@ class MambaParameters(nn.Module):
         super().__init__()
         self.A_log = nn.Parameter(torch.empty(intermediate_size, state_size))
         self.D = nn.Parameter(torch.empty(intermediate_size))
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self) -> dict[str, torch.Tensor]:
         channels, state = self.A_log.shape
@@ -84,9 +84,7 @@ class TimeStepProjection(nn.Linear):
         super().__init__(rank, channels, bias=True)
         self.time_step_min, self.time_step_max, self.time_step_floor = time_step_min, time_step_max, time_step_floor
         self.time_step_scale, self.time_step_init_scheme = time_step_scale, time_step_init_scheme
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self) -> dict[str, torch.Tensor]:
         std = self.in_features**-0.5 * self.time_step_scale
@@ -119,8 +117,8 @@ class OutputProjection(nn.Linear):
         return _kaiming_uniform_values(self)
 
 
-class MambaMixer(nn.Module):
-    """Mamba token mixer following the ssmhub mixer protocol.
+class MambaMixer(TokenMixer):
+    """Mamba token mixer (:class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
         hidden_size: input width H.
@@ -193,21 +191,14 @@ class MambaMixer(nn.Module):
         self.ssm = MambaParameters(E, N)
 
     # ----------------------------------------------------------------------------- state
-    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
-        """Zero state, float32: ``conv_state`` (B, E, conv_kernel − 1), the last inputs of the
+    def state_layout(self, batch_size: int, dtype=None):
+        """float32 whatever the model dtype: ``conv_state`` (B, E, conv_kernel − 1), the last inputs of the
         convolution, oldest first; ``ssm_state`` (B, E, N)."""
         E = self.intermediate_size
         return {
-            "conv_state": torch.zeros(batch_size, E, self.conv_kernel - 1, dtype=torch.float32, device=device),
-            "ssm_state": torch.zeros(batch_size, E, self.state_size, dtype=torch.float32, device=device),
+            "conv_state": ((batch_size, E, self.conv_kernel - 1), torch.float32),
+            "ssm_state": ((batch_size, E, self.state_size), torch.float32),
         }
-
-    def _check_state(self, state: dict[str, torch.Tensor], batch_size: int) -> None:
-        E = self.intermediate_size
-        expected = {"conv_state": (batch_size, E, self.conv_kernel - 1), "ssm_state": (batch_size, E, self.state_size)}
-        got = {name: tuple(state[name].shape) for name in expected if name in state}
-        if got != expected:
-            raise ValueError(f"state must hold tensors of shapes {expected}; got {got}")
 
     def A(self) -> torch.Tensor:
         """A = −exp(A_log), (E, N) float32."""
@@ -226,31 +217,8 @@ class MambaMixer(nn.Module):
         return self.conv1d.weight[:, 0, :]  # (E, k): tap k − 1 meets the newest input
 
     # ----------------------------------------------------------------------------- forward
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """Mix a whole sequence.
-
-        Args:
-            x: (B, L, H). mask: (B, L), 1 for real tokens. state: the state after earlier tokens
-                (:meth:`init_state`, a previous forward or :meth:`step`), or None for zeros.
-            return_state: also return the state after the last token.
-
-        Returns: ``(y (B, L, output_size), new_state or None)``.
-        """
-        check_mixer_inputs(x, mask, self.hidden_size)
-        batch, seq_len, _ = x.shape
-        if mask is not None:
-            x = x * mask.unsqueeze(-1).to(x.dtype)
-        if state is not None:
-            self._check_state(state, batch)
-            if seq_len == 1:
-                y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
-                return y_t.unsqueeze(1), (new_state if return_state else None)
+    def _forward(self, x, mask, state, return_state):
+        batch = x.shape[0]
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
         if state is None:  # (B, k − 1, E): the inputs before u, oldest first (zeros before the first token)
             history = u.new_zeros(batch, self.conv_kernel - 1, u.shape[-1])
@@ -279,17 +247,8 @@ class MambaMixer(nn.Module):
         conv_final = conv_window(history, conv_inputs).transpose(1, 2).float().contiguous()  # (B, E, k − 1)
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
-    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token: x_t (B, H) and the state after the previous token -> (y_t (B, output_size), new state).
-
-        O(E·(N + conv_kernel)) work besides the projections; equals :meth:`forward` at that position.
-        """
-        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
-            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
-        self._check_state(state, x_t.shape[0])
-        return self._step(x_t, state, None)
-
     def _step(self, x_t, state, mask_t):
+        """One token, O(E·(N + conv_kernel)) besides the projections."""
         u, z = self.in_proj(x_t).chunk(2, dim=-1)  # (B, E) each
         window = torch.cat([state["conv_state"].to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (B, E, k), newest last
         u = (window * self._conv_taps().to(u.dtype)).sum(-1)

@@ -3,7 +3,7 @@
 One block (Eq. 15) on x ∈ R^{B×L×H} with ``1 + len(resampling_rates)`` branches of width H_b = H / #branches:
 
 - the base branch: a Mamba mixer over the full sequence (H → H_b; App. B.1 "a base branch with no
-  resampling"; the map H → H_b is Mamba's own in/out projections, spec serpent.md §2g [I]);
+  resampling"; the paper does not say how it maps H → H_b, here Mamba's own in/out projections do);
 - one :class:`ResamplingBranch` per compression rate κ:
     1. Eq. 13: per-token steps ``Δ_l = σ(θ_Δ x_l)·Δ·(1−κ) + κΔ`` (a scalar per token; Δ learnable, init 1);
     2. Eq. 9 / 11: times ``t_l = Σ_{i≤l} Δ_i`` (float64, exact; :mod:`ssmhub.ops.resampling`) and the uniform
@@ -13,11 +13,12 @@ One block (Eq. 15) on x ∈ R^{B×L×H} with ``1 + len(resampling_rates)`` branc
     5. Eq. 14b: back to length L by copying a grid output to every token.
 - Eq. 15b: the branch outputs are concatenated; the block's residual stream is the skip ``+ x``.
 
-Two resampling modes (spec §3). ``"faithful"``: N_K is the K nearest tokens in time and the expansion
-copies the nearest grid point, as the paper writes it; output l then reads up to ~1/(2κ) + K/2 later
-tokens, so this mode is for classification. ``"causal"`` (default): N_K is the last K tokens up to the first
-token at or past t̄_j and the expansion holds ȳ_{⌊t_l/Δ⌋} (0 before the first grid point), so output l
-depends on tokens ≤ l only, and the branch streams: per token at most one grid point, O(K·H + Mamba step).
+Two resampling modes; the paper never discusses causality, and the causal mode is ours. ``"faithful"``: N_K is
+the K nearest tokens in time and the expansion copies the nearest grid point, as the paper writes it; output l
+then reads up to ~1/(2κ) + K/2 later tokens, so this mode is for classification. ``"causal"`` (default): N_K is
+the last K tokens up to the first token at or past t̄_j and the expansion holds ȳ_{⌊t_l/Δ⌋} (0 before the first
+grid point), so output l depends on tokens ≤ l only, and the branch streams: per token at most one grid point,
+O(K·H + Mamba step).
 
 Padding: pad tokens advance no clock, enter no window and leave every Mamba state unchanged, so a
 left-padded row gives the numbers of the row alone.
@@ -36,33 +37,35 @@ from ..ops.resampling import (
     gather_windows,
     gaussian_distance_features,
     nearest_windows,
-    resampling_init_state,
     resampling_prefill,
     resampling_step,
     resampling_times,
 )
-from .checks import check_mixer_inputs
+from .initial_values import fill_initial_values
 from .mamba import MambaMixer
+from .mixer import TokenMixer
 
 __all__ = ["RESAMPLING_MODES", "ResamplingBranch", "SerpentMixer"]
 
 RESAMPLING_MODES = ("causal", "faithful")
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
+_FAITHFUL_HAS_NO_STATE = (
+    "faithful resampling reads later tokens (use resampling_mode='causal' to decode, or call with use_cache=False)"
+)
 
 
 class ResamplingParameters(nn.Module):
     """A branch's resampling parameters, float32 and out of weight decay: ``log_grid_step`` (the grid step
-    Δ = exp(log_grid_step), init 1, spec §2a) and the Gaussian centres μ (G,) of Eq. 12, drawn uniformly
-    over the range the window distances take at init (causal: (−Δ, KΔ]; faithful: about ±KΔ/2)."""
+    Δ = exp(log_grid_step), init 1; Eq. 13 says only that Δ is learnable) and the Gaussian centres μ (G,) of
+    Eq. 12, drawn uniformly over the range the window distances take at init (causal: (−Δ, KΔ]; faithful: about
+    ±KΔ/2)."""
 
     def __init__(self, num_features: int, window: int, mode: str):
         super().__init__()
         self.window, self.mode = window, mode
         self.log_grid_step = nn.Parameter(torch.empty(()))
         self.distance_centers = nn.Parameter(torch.empty(num_features))
-        with torch.no_grad():
-            for name, value in self.initial_parameter_values().items():
-                self.get_parameter(name).copy_(value)
+        fill_initial_values(self)
 
     def initial_parameter_values(self) -> dict[str, torch.Tensor]:
         low, high = (-1.0, float(self.window)) if self.mode == "causal" else (-self.window / 2, self.window / 2)
@@ -74,7 +77,7 @@ class ResamplingParameters(nn.Module):
         return self.log_grid_step.float().exp()
 
 
-class ResamplingBranch(nn.Module):
+class ResamplingBranch(TokenMixer):
     """One compressed branch of Eq. 15a: resample (Eq. 11-13), Mamba over the grid, expand back (Eq. 14b).
 
     Args:
@@ -101,8 +104,9 @@ class ResamplingBranch(nn.Module):
             raise ValueError(f"{type(self).__name__}.window must be a positive integer K; got {window!r}")
         if mode not in RESAMPLING_MODES:
             raise ValueError(f"{type(self).__name__}.mode must be one of {RESAMPLING_MODES}; got {mode!r}")
-        self.hidden_size, self.branch_size = hidden_size, branch_size
+        self.hidden_size, self.branch_size, self.output_size = hidden_size, branch_size, branch_size
         self.resampling_rate, self.window, self.mode = resampling_rate, window, mode
+        self.causal = mode == "causal"
         self.step_proj = nn.Linear(hidden_size, 1)  # θ_Δ of Eq. 13
         self.compress = nn.Linear(window * (hidden_size + num_features), branch_size)  # θ_Γ of Eq. 12
         self.mamba = MambaMixer(branch_size, output_size=branch_size, **mamba_kwargs)
@@ -127,37 +131,34 @@ class ResamplingBranch(nn.Module):
         return self.compress(window.flatten(-2))  # (..., K·(H + G)) -> (..., H_b)
 
     # ----------------------------------------------------------------------------- state
-    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
-        """Clock, grid counter, window buffer (spec §7), the held output ȳ_j and the branch Mamba's state."""
-        stream = resampling_init_state(batch_size, self.window, self.hidden_size, dtype=torch.float32, device=device)
+    def noncausal_reason(self) -> str:
+        return _FAITHFUL_HAS_NO_STATE
+
+    def state_layout(self, batch_size: int, dtype=None):
+        """The stream of :func:`~ssmhub.ops.resampling.resampling_step` (clock and window times float64, grid and
+        token counters, the last K inputs), the held output ȳ_j and the branch Mamba's state; all zero at first."""
+        B, K, H = batch_size, self.window, self.hidden_size
         return {
-            **stream._asdict(),
-            "held": torch.zeros(batch_size, self.branch_size, dtype=torch.float32, device=device),
-            **self.mamba.init_state(batch_size, device=device),
+            "clock": ((B,), torch.float64),
+            "grid_count": ((B,), torch.long),
+            "inputs": ((B, K, H), torch.float32),
+            "times": ((B, K), torch.float64),
+            "count": ((B,), torch.long),
+            "held": ((B, self.branch_size), torch.float32),
+            **self.mamba.state_layout(batch_size),
         }
 
     # ----------------------------------------------------------------------------- forward
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """x (B, L, H) -> (y (B, L, H_b), new state or None). A forward that continues from a ``state``
-        runs token by token (exact, O(1) per token); a forward from the start runs in parallel."""
-        if self.mode == "faithful" and (state is not None or return_state):
-            raise ValueError(
-                "faithful resampling is not causal and has no recurrent state; use resampling_mode='causal' "
-                "to decode, or call with use_cache=False"
-            )
-        if state is not None:
-            outputs = []
-            for t in range(x.shape[1]):
-                y_t, state = self._step(x[:, t], state, None if mask is None else mask[:, t])
-                outputs.append(y_t)
-            return torch.stack(outputs, 1), (state if return_state else None)
-        return self._parallel(x, mask, return_state)
+    def _forward(self, x, mask, state, return_state):
+        """x (B, L, H) -> y (B, L, H_b). Continuing from a ``state`` runs token by token (exact, O(1) per
+        token); a forward from the start runs in parallel."""
+        if state is None:
+            return self._parallel(x, mask, return_state)
+        outputs = []
+        for t in range(x.shape[1]):
+            y_t, state = self._step(x[:, t], state, None if mask is None else mask[:, t])
+            outputs.append(y_t)
+        return torch.stack(outputs, 1), (state if return_state else None)
 
     def _parallel(self, x, mask, return_state):
         batch, length, _ = x.shape
@@ -195,8 +196,9 @@ class ResamplingBranch(nn.Module):
         return y, {**stream._asdict(), "held": held, **mamba_state}
 
     def _step(self, x_t, state, mask_t):
-        """One token (spec §7): advance the clock, push the token; if it crosses t̄_j, compress the window
-        and step the branch Mamba (on those rows only); emit the held ȳ_j (0 before the first grid point)."""
+        """One token of the causal mode (:mod:`ssmhub.ops.resampling`): advance the clock, push the token; if it
+        crosses t̄_j, compress the window and step the branch Mamba (on those rows only); emit the held ȳ_j (0
+        before the first grid point)."""
         step_t, grid_step = self.steps(x_t)  # (B,)
         stream = ResamplingState(*(state[name] for name in _STREAM_FIELDS))
         stream, emission = resampling_step(stream, x_t.float(), step_t, grid_step, mask_t)
@@ -217,8 +219,8 @@ class ResamplingBranch(nn.Module):
         return f"resampling_rate={self.resampling_rate}, window={self.window}, mode={self.mode!r}"
 
 
-class SerpentMixer(nn.Module):
-    """SeRpEnt token mixer (Eq. 15) following the ssmhub mixer protocol.
+class SerpentMixer(TokenMixer):
+    """SeRpEnt token mixer (Eq. 15; :class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
         hidden_size: H; must be divisible by the number of branches, 1 + len(resampling_rates).
@@ -248,6 +250,7 @@ class SerpentMixer(nn.Module):
         self.hidden_size = hidden_size
         self.branch_size = hidden_size // num_branches
         self.resampling_mode = resampling_mode
+        self.causal = resampling_mode == "causal"
         self.base = MambaMixer(hidden_size, expand * self.branch_size, output_size=self.branch_size, **mamba_kwargs)
         self.resampled = nn.ModuleList(
             ResamplingBranch(
@@ -271,24 +274,20 @@ class SerpentMixer(nn.Module):
             return None
         return {name[len(prefix) + 1 :]: value for name, value in state.items() if name.startswith(prefix + ".")}
 
-    def init_state(self, batch_size: int, device=None, dtype=None) -> dict[str, torch.Tensor]:
+    def noncausal_reason(self) -> str:
+        return _FAITHFUL_HAS_NO_STATE
+
+    def state_layout(self, batch_size: int, dtype=None):
         """Every branch's state, flattened as ``"<branch>.<field>"`` (the cache holds flat dicts)."""
         return {
-            f"{prefix}.{name}": value
+            f"{prefix}.{name}": spec
             for prefix, branch in self._branches()
-            for name, value in branch.init_state(batch_size, device=device).items()
+            for name, spec in branch.state_layout(batch_size, dtype).items()
         }
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: dict[str, torch.Tensor] | None = None,
-        return_state: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        """x (B, L, H) -> (y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
-        the block's residual), new state or None)."""
-        check_mixer_inputs(x, mask, self.hidden_size)
+    def _forward(self, x, mask, state, return_state):
+        """x (B, L, H) -> y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
+        the block's residual)."""
         outputs, new_state = [], {}
         for prefix, branch in self._branches():
             y, branch_state = branch(x, mask, self._substate(state, prefix), return_state)
@@ -298,10 +297,14 @@ class SerpentMixer(nn.Module):
         y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)  # (B, L, H)
         return y, (new_state if return_state else None)
 
-    def step(self, x_t: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token: x_t (B, H) -> (y_t (B, H), new state); O(1) in the context length."""
-        y, new_state = self.forward(x_t[:, None], state=state, return_state=True)
-        return y[:, 0], new_state
+    def _step(self, x_t, state, mask_t):
+        """One token through every branch; O(1) in the context length."""
+        outputs, new_state = [], {}
+        for prefix, branch in self._branches():
+            y_t, branch_state = branch._step(x_t, self._substate(state, prefix), mask_t)
+            outputs.append(y_t)
+            new_state.update({f"{prefix}.{name}": value for name, value in branch_state.items()})
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)), new_state
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, branch_size={self.branch_size}, mode={self.resampling_mode!r}"

@@ -84,7 +84,10 @@ class RecurrentLMConfig(PreTrainedConfig):
         """Raise a ValueError naming the first field with a bad value (families extend this).
 
         Runs in ``__post_init__`` rather than as a ``@strict`` ``validate_*`` hook so that users get
-        a plain ValueError; strict still checks each field's type on its own."""
+        a plain ValueError; strict still checks each field's type on its own, also on assignment.
+        A value assigned after construction is not checked then: every ssmhub model runs this again
+        when it is built and in ``save_pretrained`` before writing anything
+        (:class:`~ssmhub.models.modeling_recurrent.RecurrentPreTrainedModel`)."""
         check_positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "layer_norm_epsilon")
         check_positive(self, "intermediate_size", "initializer_range", "classifier_intermediate_size", allow_zero=True)
         check_positive(self, "recurrence_learning_rate")

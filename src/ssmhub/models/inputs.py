@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_model_inputs", "pool_hidden_states"]
+__all__ = ["check_generation_prompt", "check_model_inputs", "pool_hidden_states"]
 
 
 def check_model_inputs(
@@ -46,6 +46,28 @@ def check_model_inputs(
         if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in allowed:
             expected = " or ".join(f"({batch}, {n})" for n in sorted(allowed))
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected {expected}")
+
+
+def check_generation_prompt(
+    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, bos_token_id: int | None
+) -> None:
+    """Validate the prompt handed to ``generate`` before transformers touches it.
+
+    An empty prompt (``input_ids`` of shape (B, 0)) would otherwise fail deep inside transformers'
+    ``generate`` with an IndexError; a recurrent model has no state to continue from without at least
+    one token. None (no prompt) is left to transformers, which starts from ``bos_token_id``.
+    """
+    for name, prompt in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds)):
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() < 2:
+            continue
+        if prompt.shape[1] == 0:
+            bos = "a BOS token" if bos_token_id is None else f"a BOS token (bos_token_id={bos_token_id})"
+            bos = bos if name == "input_ids" else f"the embedding of {bos}"
+            raise ValueError(
+                f"{name} has shape {tuple(prompt.shape)}: a prompt needs at least one token; start it with {bos}"
+            )
+        if prompt.shape[0] == 0:
+            raise ValueError(f"{name} has shape {tuple(prompt.shape)}: generate needs at least one prompt")
 
 
 def pool_hidden_states(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:

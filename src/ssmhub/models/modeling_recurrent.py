@@ -26,7 +26,7 @@ from transformers.modeling_outputs import (
 
 from ..cache import RecurrentCache
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
-from .inputs import check_model_inputs, pool_hidden_states
+from .inputs import check_generation_prompt, check_model_inputs, pool_hidden_states
 
 __all__ = [
     "RecurrentBlock",
@@ -117,6 +117,12 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["RecurrentBlock"]
     _keep_in_fp32_modules_strict = ["ssm"]
 
+    def __init__(self, config, *inputs, **kwargs):
+        # a config edited after construction (``config.num_hidden_layers = 2``) is checked again here,
+        # so that a bad one fails before any weight is built, never after training when it is saved
+        config.check_fields()
+        super().__init__(config, *inputs, **kwargs)
+
     def build_mixer(self, config, layer_idx: int) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_mixer(config, layer_idx)")
 
@@ -166,7 +172,12 @@ class RecurrentPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save weights (safetensors) and config, plus the model's code so that the folder loads
-        with ``trust_remote_code=True`` where ssmhub is not installed."""
+        with ``trust_remote_code=True`` where ssmhub is not installed.
+
+        The config is checked first (``config.check_fields()``): one edited into an invalid state after
+        the model was built raises a ValueError naming the field before anything is written, instead
+        of saving a folder that ``from_pretrained`` refuses."""
+        self.config.check_fields()
         super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True) and __name__.startswith("ssmhub."):
             from .remote_code import write_remote_code
@@ -265,6 +276,13 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
+
+    def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
+        """transformers' ``generate``, with the prompt checked first: an empty one (``input_ids`` of shape
+        (B, 0)) raises a ValueError naming ``input_ids`` instead of an IndexError from inside transformers."""
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        check_generation_prompt(prompt, kwargs.get("inputs_embeds"), self.generation_config.bos_token_id)
+        return super().generate(inputs, *args, **kwargs)
 
     def get_output_embeddings(self):
         return self.lm_head

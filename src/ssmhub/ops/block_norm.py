@@ -1,8 +1,10 @@
 """The transition normalisation of the block-diagonal LRNN's code, fused, with its own backward.
 
 Fan, Chi & Rudnicky (arXiv 2309.07412) bound every column of every b×b transition block in the
-p-norm (Eq. 6, §3.3). The authors' code, which reproduces their Table 2, does it per block as
-(spec regular-lrnn §1.2, steps 2-3)::
+p-norm (Eq. 6, §3.3). The authors' code (github.com/tinghanf/RegluarLRNN, ``BlockModel`` in
+``block_model.py``), which reproduces their Table 2, does it differently, per block: where Eq. 6 rescales
+each column on its own and only when its norm exceeds 1, the code centres every column and divides the whole
+block by its largest column's norm::
 
     C = G − mean_i G            # centre each column over its rows: columns sum to 0
     A = C / (max_j ‖C[:, j]‖_p + eps)

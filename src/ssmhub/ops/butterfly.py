@@ -1,6 +1,6 @@
 """FlashButterfly: the FFT convolution written as Butterfly (Monarch) matrix products.
 
-Long-conv paper (Fu et al. 2023, arXiv 2302.06646) §3.2 and Appendices C-D; spec longconv.md §2.
+Long-conv paper (Fu et al. 2023, arXiv 2302.06646) §3.2 and Appendices C-D.
 
 **Butterfly decomposition (§3.2, App. C.1).** For ``N = N₁N₂`` the N-point DFT factors as
 
@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .fftconv import _check_conv_args, conv_circulant, fft_size
+from .circulant import check_conv_args, conv_circulant, dft_matrix, fft_size, twiddle_matrix
 from .precision import float32_math
 
 __all__ = [
@@ -128,22 +128,6 @@ def butterfly_factors(size: int, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[
     return tuple(factors)
 
 
-def dft_matrix(size: int, inverse: bool = False, device=None) -> torch.Tensor:
-    """The (size, size) complex64 DFT block ``F[j, k] = exp(∓2πi·jk/size)`` (unnormalised; + for inverse)."""
-    j = torch.arange(size, dtype=torch.int64)
-    phase = (j[:, None] * j[None, :]) % size  # exact integer phase, then one float64 rounding
-    angle = (2 * math.pi / size) * phase.double() * (1.0 if inverse else -1.0)
-    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64).to(device)
-
-
-def _twiddle(block: int, rest: int, device) -> torch.Tensor:
-    """(block, rest) twiddles ``T[k₁, n₂] = exp(−2πi·k₁n₂/(block·rest))`` (App. C.1's M, the diagonal D)."""
-    size = block * rest
-    phase = (torch.arange(block)[:, None] * torch.arange(rest)[None, :]) % size
-    angle = (-2 * math.pi / size) * phase.double()
-    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64).to(device)
-
-
 @dataclass(frozen=True)
 class _Stage:
     block: int  # f: the DFT block of this stage
@@ -193,7 +177,7 @@ def _make_plan(factors: tuple[int, ...], outer_stages: int, device: torch.device
     stages, outer = [], 1
     for block in factors:
         rest = size // (outer * block)
-        twiddle = _twiddle(block, rest, device) if rest > 1 else None
+        twiddle = twiddle_matrix(block, rest, device) if rest > 1 else None
         dft = dft_matrix(block, device=device)
         conj = None if twiddle is None else twiddle.conj().resolve_conj()
         stages.append(_Stage(block, outer, rest, dft, dft.conj().resolve_conj(), twiddle, conj))
@@ -441,7 +425,7 @@ def butterfly_conv(
     Returns:
         (…, H, L) in ``u.dtype``.
     """
-    _check_conv_args(u, kernel, kernel_backward)
+    check_conv_args(u, kernel, kernel_backward)
     check_block_size(block_size)
     if chunk_size is not None and (not is_power_of_two(chunk_size) or chunk_size < 2):
         raise ValueError(f"chunk_size must be a power of two >= 2 or None; got {chunk_size!r}")

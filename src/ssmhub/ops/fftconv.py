@@ -12,7 +12,9 @@ taps that carry long-range information) and return the input's dtype.
 round-off: ``torch.fft`` (the default, what CI runs), FlashButterfly's Butterfly matmuls
 (:mod:`ssmhub.ops.butterfly`, long-conv paper §3.2), the fused Triton kernel (:mod:`ssmhub.ops.triton`),
 or ``"auto"``. A backend that cannot take a call hands it on (triton → butterfly → torch) with a one-time
-:class:`BackendFallbackWarning`; it never returns a different answer.
+:class:`BackendFallbackWarning`; it never returns a different answer. This module is the dispatcher above
+those backends: it imports them, and they share their pieces (argument checks, FFT size, circulant, DFT
+blocks) through the leaf module :mod:`ssmhub.ops.circulant`, never through this one.
 
 The slow, obviously-correct references build the dense Toeplitz matrix and multiply: O(L^2).
 """
@@ -23,7 +25,11 @@ import warnings
 
 import torch
 
+from .butterfly import BLOCK_SIZES, butterfly_conv
+from .circulant import check_conv_args, conv_circulant, fft_size
 from .precision import float32_math
+from .triton import can_run as triton_can_run
+from .triton import triton_conv
 
 __all__ = [
     "BACKENDS",
@@ -36,11 +42,6 @@ __all__ = [
 ]
 
 BACKENDS = ("torch", "butterfly", "triton", "auto")
-
-
-def fft_size(length: int) -> int:
-    """Smallest power of two that is at least ``length``."""
-    return 1 << max(0, (length - 1).bit_length())
 
 
 def smooth_fft_size(length: int) -> int:
@@ -57,31 +58,6 @@ def smooth_fft_size(length: int) -> int:
             power35 *= 3
         power5 *= 5
     return best
-
-
-def _check_conv_args(u: torch.Tensor, kernel: torch.Tensor, kernel_backward: torch.Tensor | None) -> None:
-    if u.dim() < 2:
-        raise ValueError(f"u must have shape (..., H, L); got {tuple(u.shape)}")
-    if u.shape[-1] == 0:
-        raise ValueError("u has sequence length 0; a convolution needs at least one position")
-    for name, k in (("kernel", kernel), ("kernel_backward", kernel_backward)):
-        if k is None:
-            continue
-        if k.dim() != 2 or k.shape[0] != u.shape[-2]:
-            raise ValueError(f"{name} must have shape (H, K) with H = {u.shape[-2]}; got {tuple(k.shape)}")
-        if k.shape[-1] == 0:
-            raise ValueError(f"{name} has length 0")
-
-
-def conv_circulant(kernel: torch.Tensor, kernel_backward: torch.Tensor | None, n: int) -> torch.Tensor:
-    """First column (H, n) float32 of the size-n circulant whose product with a zero-padded input is the
-    convolution: causal taps at 0 … K−1, anti-causal taps at the end, ``c[n − 1 − m] = kernel_backward[m]``.
-    Both kernels must already be cut to the sequence (``n >= L + K − 1``)."""
-    circulant = torch.zeros(kernel.shape[0], n, dtype=torch.float32, device=kernel.device)  # (H, n)
-    circulant[:, : kernel.shape[-1]] = kernel.float()
-    if kernel_backward is not None and kernel_backward.shape[-1] > 0:
-        circulant[:, n - kernel_backward.shape[-1] :] = kernel_backward.float().flip(-1)
-    return circulant
 
 
 def _check_backend_args(backend: str, block_size: int) -> None:
@@ -113,8 +89,6 @@ def _select_backend(backend: str, block_size: int, n: int, device: torch.device)
     (benchmarks/results/fftconv.md), and the fused Triton kernel has not yet been compiled or timed on a GPU
     (it is tested in Triton's CPU interpreter); once a GPU benchmark shows it ahead, ``auto`` should pick it
     on CUDA where ``triton.can_run`` says it fits."""
-    from .triton import can_run as triton_can_run
-
     if backend == "auto":
         return "torch"
     if backend == "triton":
@@ -124,8 +98,6 @@ def _select_backend(backend: str, block_size: int, n: int, device: torch.device)
         _fall_back("triton", reason.split(":")[0], f"fft_conv(backend='triton'): {reason}; using 'butterfly'")
         backend = "butterfly"
     if backend == "butterfly":
-        from .butterfly import BLOCK_SIZES
-
         if block_size in BLOCK_SIZES:
             return "butterfly"
         _fall_back(
@@ -170,7 +142,7 @@ def fft_conv(
     Returns:
         (..., H, L) in ``u.dtype``.
     """
-    _check_conv_args(u, kernel, kernel_backward)
+    check_conv_args(u, kernel, kernel_backward)
     _check_backend_args(backend, block_size)
     seq_len = u.shape[-1]
     if backend != "torch":
@@ -178,12 +150,8 @@ def fft_conv(
         needed = seq_len + max(min(kernel.shape[-1], seq_len), backward_taps)
         backend = _select_backend(backend, block_size, fft_size(needed), u.device)
     if backend == "butterfly":
-        from .butterfly import butterfly_conv
-
         return butterfly_conv(u, kernel, kernel_backward, block_size=block_size)
     if backend == "triton":
-        from .triton import triton_conv
-
         return triton_conv(u, kernel, kernel_backward)
 
     kernel = kernel[:, :seq_len]
@@ -241,7 +209,7 @@ def fft_conv_ref(
     kernel_backward: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference for :func:`fft_conv`: dense Toeplitz matrix times ``u`` (O(L^2) memory and time)."""
-    _check_conv_args(u, kernel, kernel_backward)
+    check_conv_args(u, kernel, kernel_backward)
     seq_len = u.shape[-1]
     pos = torch.arange(seq_len, device=u.device)
     lag = pos[:, None] - pos[None, :]  # (L, L): output index k minus input index j

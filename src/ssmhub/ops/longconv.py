@@ -6,8 +6,8 @@ kernels are noisy and fit poorly (LRA: −17.1 points), so the kernel is regular
 - **Squash** (:func:`squash_kernel`): ``K̄ = sign(K) ⊙ max(|K| − λ, 0)``, soft-thresholding, one L1
   proximal step. Safari: ``relu(|k| - lam) * sign(k)``.
 - **Smooth** (:func:`smooth_kernel`): average pooling of width ``2p+1`` along the taps. The paper prints
-  ``K̄_k = (2p+1)⁻¹ Σ_{j=1}^{2p+1} K_{k+j−p}``, whose indices run from ``k−p+1`` to ``k+p+1`` (off by one,
-  spec longconv.md §1); we implement the centred window ``k−p … k+p`` of safari's
+  ``K̄_k = (2p+1)⁻¹ Σ_{j=1}^{2p+1} K_{k+j−p}`` (§3.1), whose indices run from ``k−p+1`` to ``k+p+1`` (off
+  by one); we implement the centred window ``k−p … k+p`` of safari's
   ``nn.AvgPool1d(2p+1, stride=1, padding=p)`` (``count_include_pad=True``): taps beyond either end are
   zeros and the sum is still divided by ``2p+1``.
 - **Smooth, Freq** (:func:`smooth_kernel_frequency`, App. B.1): rfft → smooth → irfft. Safari filters

@@ -1,8 +1,8 @@
 """Distil a learned long-convolution kernel into a diagonal SSM in modal form, for O(N) decoding.
 
-Long-conv spec §6 (../shared/specs/longconv.md): a length-L explicit kernel has no finite state, so exact
-decoding costs O(L) per token. Prop. 2 of the long-conv paper (Fu et al. 2023, App. D.2) shows any
-kernel *is* a sum of L exponentials, but through an ill-conditioned Vandermonde inverse and with state L.
+The long-conv paper (Fu et al. 2023, arXiv 2302.06646) gives no recurrent decoding mode: a length-L explicit
+kernel has no finite state, so exact decoding costs O(L) per token. Its Prop. 2 (App. D.2) shows any kernel
+*is* a sum of L exponentials, but through an ill-conditioned Vandermonde inverse and with state L.
 Here each channel's kernel ``K ∈ R^L`` is instead *approximated* with ``N ≪ L`` modes, the post-hoc
 distillation of "Laughing Hyena" (Massaroli et al. 2023, modal/Prony fitting):
 
@@ -41,7 +41,7 @@ Method ``"hankel"`` (Kung's / ERA / ESPRIT state-space identification, then a le
 
 Everything is float64/complex128 and batched over channels (in blocks, to bound memory).
 Cost per channel: ``O(M·P² + P³ + T·N + N³)`` (Gram, eigh, right-hand side ``Σ_t K[t] λ^t``, solves);
-for H = 768, L = 2048, N = 64 about 16 s on one (shared) CPU thread (benchmarks/results/h3_decode_vs_context.md).
+the wall time of a whole model's distillation is in benchmarks/results/h3_decode_vs_context.md.
 
 Known failure modes and limits:
 

@@ -6,8 +6,7 @@ and cast their inputs to float32 themselves.
 
 :func:`float32_matmul_precision` scopes ``torch.set_float32_matmul_precision`` to a block: ``"high"``
 allows TF32 on CUDA (plain float32 on CPU); on a CPU with AVX512-BF16, ``"medium"`` lets oneDNN split
-each float32 matmul into bfloat16 passes, measured 2.4× faster for a (4992 × 512) @ (512 × 512)
-product at an RMS relative error of 4e-7 (float32: 2.4e-7).
+each float32 matmul into bfloat16 passes, faster at close to float32 accuracy.
 """
 
 from __future__ import annotations

@@ -1,18 +1,25 @@
 """SeRpEnt selective resampling: token times, the uniform grid, K-token windows, distance features, expansion.
 
-Paper: Rando et al., "SeRpEnt: Selective Resampling for Expressive State Space Models" (arXiv 2501.11729), §4;
-implementation spec ``shared/specs/serpent.md`` §2, §3 and §7 (what the paper leaves out). Notation:
+Paper: Rando et al., "SeRpEnt: Selective Resampling for Expressive State Space Models" (arXiv 2501.11729),
+§3.1 (Eq. 9), §4.2 (Eqs. 11-13) and §4.3 (Eq. 14b). The paper publishes no code and never mentions causality,
+masking or decoding: the causal mode and the streaming functions here are ours (see "Causal mode"). Notation:
 
 - Eq. 13: ``Δ_l = σ(θ_Δ(x_l))·Δ·(1−κ) + κΔ ∈ [κΔ, Δ]``, the per-token step (computed by the layer).
 - Eq. 9:  ``t_l = Σ_{i≤l} Δ_i``, token times (:func:`resampling_times`; pad tokens advance no clock).
 - Eq. 11: ``t̄_j = jΔ`` for ``j = 1..L̄``, ``L̄ = ⌊t_{L−1}/Δ⌋`` (:func:`grid_index`, :func:`grid_sizes`).
 - Eq. 12: ``x̄_j = θ_Γ(⊕_{t_k ∈ N_K(t̄_j)} [x_k, ε(t̄_j − t_k)])``, ``ε(d)_i = exp(−(d − μ_i)²)``. The
-  neighbourhood comes from :func:`nearest_windows` (paper-faithful K-NN) or :func:`causal_windows` (spec §3),
+  neighbourhood comes from :func:`nearest_windows` (paper-faithful K-NN) or :func:`causal_windows` (causal mode),
   the inputs from :func:`gather_windows` and ε from :func:`gaussian_distance_features`; θ_Γ is the layer's.
 - Eq. 14b: ``y_l = ȳ_{k(l)}`` back at length L: :func:`expand_nearest` (nearest grid point, paper) or
-  :func:`expand_floor` (zero-order hold ``k = ⌊t_l/Δ⌋``, causal, spec §3).
-- Spec §7: O(1)-per-token decoding of the causal mode: :func:`resampling_init_state`,
+  :func:`expand_floor` (zero-order hold ``k = ⌊t_l/Δ⌋``, causal mode).
+- Not in the paper: O(1)-per-token decoding of the causal mode: :func:`resampling_init_state`,
   :func:`resampling_prefill`, :func:`resampling_step`; they make exactly the decisions of the parallel path.
+
+Causal mode (ours). As written the paper's block is not causal: Eq. 12's window N_K(t̄_j) is symmetric, so x̄_j
+reads about K/2 tokens after t̄_j, and Eq. 14b's nearest copy can read a grid point up to Δ/2 after t_l (about
+1/(2κ) tokens). The causal mode compresses, for each grid point, the last K real tokens up to the first token
+with ``t_l ≥ t̄_j`` (Eq. 12's K-NN set restricted to the past) and expands by floor, ``j(l) = ⌊t_l/Δ⌋``; since
+``t̄_{j(l)} ≤ t_l``, y_l depends on x_{≤l} only, and the block can be stepped one token at a time.
 
 Layouts. Token index l is 0-based (0..L−1), grid index j is 1-based (slot j−1 of a (B, Lg, ...) tensor, where
 ``Lg ≥ max L̄`` pads the batch; slots j > L̄ of a row are invalid). A window has K slots in ascending token
@@ -37,7 +44,7 @@ emitted at or before token l.
 
 Gradients. ``t`` carries the gradient of the steps (``∂t_l/∂Δ_i = 1`` for real i ≤ l) and the grid times
 carry Δ's (``∂t̄_j/∂Δ = j``), so they reach θ_Δ and Δ through the distances of :attr:`ResamplingWindows.distance`
-and the features ε only (spec §2c). Window selection, L̄ and the expansions are not differentiable in them.
+and the features ε only (Eq. 12b). Window selection, L̄ and the expansions are not differentiable in them.
 """
 
 from __future__ import annotations
@@ -88,7 +95,7 @@ class ResamplingWindows(NamedTuple):
 
 
 class ResamplingState(NamedTuple):
-    """Per-row streaming state of the causal resampling (spec §7).
+    """Per-row streaming state of the causal resampling (causal mode, see the module docstring).
 
     clock: (B,) float64, t of the last real token (0 before any).
     grid_count: (B,) int64, grid points emitted so far, ``j = ⌊clock/Δ⌋``.
@@ -247,7 +254,7 @@ def grid_index(t: torch.Tensor, grid_step: torch.Tensor | float) -> torch.Tensor
 
 
 def grid_sizes(t: torch.Tensor, grid_step: torch.Tensor | float) -> torch.Tensor:
-    """L̄ per row, ``⌊t_{L−1}/Δ⌋`` (Eq. 11, spec §2b): (B,) int64 grid points ``t̄_j = jΔ``, j = 1..L̄.
+    """L̄ per row, ``⌊t_{L−1}/Δ⌋``: (B,) int64 grid points ``t̄_j = jΔ`` (Eq. 11), j = 1..L̄.
 
     t: (B, L) from :func:`resampling_times` (non-decreasing, so its last column is the row's end time, with
     left or right padding). A row ending exactly on ``jΔ`` has L̄ = j. ``L̄ ≥ ⌊κL⌋`` up to the lattice rounding.
@@ -263,16 +270,16 @@ def causal_windows(
     mask: torch.Tensor | None = None,
     num_grid: int | None = None,
 ) -> ResamplingWindows:
-    """Causal compression windows (spec §3): for each grid point, the last K real tokens up to its emission.
+    """Causal compression windows (causal mode): per grid point, the last K real tokens up to its emission.
 
     The emission index of grid point j is ``e_j = min{l : t_l ≥ t̄_j}`` (searchsorted left; always a real token);
     its window is the last K real tokens with index ≤ e_j, ascending, so slot K−1 is e_j itself. This is the
     K-NN set of Eq. 12 restricted to tokens ≤ e_j. Distances ``t̄_j − t_k`` lie in ``(−Δ, ·)`` and are ≤ 0
     only at k = e_j. Pad tokens are skipped (a window never contains one); with fewer than K real tokens up
-    to e_j the first slots are invalid. Coverage (spec §2c): if every real step is ≥ κΔ (as summed, i.e.
-    after the lattice rounding), consecutive emission indices are at most ⌈1/κ⌉ apart and
-    ``e_1 + 1 ≤ ⌈1/κ⌉``, so with ``K ≥ ⌈1/κ⌉`` every real token up to ``e_{L̄}`` is in some window (the
-    < ⌈1/κ⌉ tokens after it are in none, spec §3 "Cost"); with smaller K tokens can be dropped.
+    to e_j the first slots are invalid. Coverage: if every real step is ≥ κΔ (as summed, i.e. after the
+    lattice rounding), consecutive emission indices are at most ⌈1/κ⌉ apart and ``e_1 + 1 ≤ ⌈1/κ⌉``, so with
+    ``K ≥ ⌈1/κ⌉`` every real token up to ``e_{L̄}`` is in some window (the < ⌈1/κ⌉ tokens after it are in
+    none; the base branch and the skip of Eq. 15b carry them); with smaller K tokens can be dropped.
 
     Args:
         t: (B, L) times from :func:`resampling_times`.
@@ -315,12 +322,12 @@ def nearest_windows(
 
     Exact K-NN in time: the K smallest ``(|t̄_j − t_k|, k)`` in lexicographic order, so ties in distance go to
     the earlier token. Times of real tokens strictly increase (steps ≥ κΔ > 0), so the set is a contiguous run
-    of real tokens around ``searchsorted(t, t̄_j)``, found exactly among the 2K candidates around it (spec §2c).
+    of real tokens around ``searchsorted(t, t̄_j)``, found exactly among the 2K candidates around it.
     Slots are in ascending token order; a row with fewer than K real tokens puts its invalid slots first.
-    Pad tokens are never chosen. Coverage (spec §2c): any interval of length Δ holds at most ⌊1/κ⌋ + 1 real
+    Pad tokens are never chosen. Coverage: any interval of length Δ holds at most ⌊1/κ⌋ + 1 real
     tokens, so with ``K ≥ ⌊1/κ⌋ + 1`` every real token within Δ/2 of a grid point, i.e. with
     ``t_l ∈ [Δ/2, (L̄ + ½)Δ]``, is in the window of its nearest grid point; with smaller K tokens can be dropped.
-    Not causal: a window reaches about K/2 tokens past t̄_j (spec §3).
+    Not causal: a window reaches about K/2 tokens past t̄_j.
 
     Args and returns: as :func:`causal_windows`.
     """
@@ -413,7 +420,7 @@ def _gather_grid(y_grid: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def expand_floor(y_grid: torch.Tensor, t: torch.Tensor, grid_step: torch.Tensor | float) -> torch.Tensor:
-    """Causal expansion (Eq. 14b by zero-order hold, spec §3): ``y_l = ȳ_{j(l)}``, ``j(l) = ⌊t_l/Δ⌋``, 0 if j(l) = 0.
+    """Causal expansion (Eq. 14b by zero-order hold): ``y_l = ȳ_{j(l)}``, ``j(l) = ⌊t_l/Δ⌋``, 0 if j(l) = 0.
 
     ``t̄_{j(l)} ≤ t_l`` means grid point j(l) was emitted at or before token l (``e_{j(l)} ≤ l``), so a causal
     SSM over the grid keeps y_l a function of x_{≤l}. Args: y_grid (B, Lg, H) with Lg ≥ max L̄; t (B, L) from
@@ -424,7 +431,7 @@ def expand_floor(y_grid: torch.Tensor, t: torch.Tensor, grid_step: torch.Tensor 
 
 
 def expand_nearest(y_grid: torch.Tensor, t: torch.Tensor, grid_step: torch.Tensor | float) -> torch.Tensor:
-    """Paper expansion (Eq. 14b, spec §2e): ``y_l = ȳ_k``, ``k = clamp(round(t_l/Δ), 1, L̄)``, the nearest grid point.
+    """Paper expansion (Eq. 14b): ``y_l = ȳ_k``, ``k = clamp(round(t_l/Δ), 1, L̄)``, the nearest grid point.
 
     A time exactly halfway between two grid points goes to the earlier one (``round`` half down, exactly on
     the lattice). Rows with L̄ = 0 give zeros. Not causal: k can be up to Δ/2 after t_l. Args and returns as
@@ -459,7 +466,7 @@ def resampling_prefill(
     window: int,
     mask: torch.Tensor | None = None,
 ) -> ResamplingState:
-    """The streaming state after a parallel pass over a prompt (spec §7 "Prefill to cache").
+    """The streaming state after a parallel pass over a prompt (causal mode).
 
     Args: x (B, L, H) the branch inputs; t (B, L) from :func:`resampling_times`; grid_step Δ; window K;
     mask optional (B, L), 1 = real token. Returns clock ``t_{L−1}``, grid_count L̄ and the last K real tokens
@@ -496,7 +503,7 @@ def resampling_step(
     grid_step: torch.Tensor | float,
     mask_t: torch.Tensor | None = None,
 ) -> tuple[ResamplingState, ResamplingEmission]:
-    """One token of the causal resampling (spec §7), O(K·H): advance the clock, push the token, maybe emit.
+    """One token of the causal resampling (causal mode), O(K·H): advance the clock, push the token, maybe emit.
 
     A real token adds its (lattice-snapped, clamped) step to the clock and enters the window buffer; a pad
     (``mask_t`` 0) changes nothing. Since steps are ≤ Δ a token crosses at most one grid point; every real

@@ -206,7 +206,7 @@ class _Workspace:
         d_c, du_c: (L, Bt, E) Δ and Δ·x; A2_t: (N, E) = Aᵀ·log₂e; b_c: (L, Bt, N). The discretisation is
         two vectorised passes over the chunk; only the multiply-add is stepped (one fused addcmul per step).
         ``Ā = exp(Δ·A)`` is evaluated as ``exp2(Δ·A·log₂e)``: the same value to a few float32 ulps, and
-        PyTorch's CPU exp2 runs ≈3× faster than its exp (benchmarks/results/selective_scan.md, "Kernel choices").
+        PyTorch's CPU exp2 is faster than its exp (benchmarks/results/selective_scan.md, "Kernel choices").
         """
         a, u = self.a[:length], self.u[:length]  # (L, Bt, N, E) each
         torch.mul(d_c.unsqueeze(2), A2_t, out=a).exp2_()  # Ā = exp(Δ·A) ∈ [0, 1]: never a positive exponent

@@ -20,30 +20,8 @@ def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def render_model_card(
-    *,
-    model_type: str,
-    model_config: dict,
-    train_config: dict,
-    steps: int,
-    tokens_seen: int,
-    metrics: dict,
-    repo_id: str | None = None,
-) -> str:
-    """The README.md of a trained model folder: family, config, data, steps, tokens, metrics and how to load it."""
-    where = repo_id or "path/to/this/folder"
-    size = {
-        k: model_config[k]
-        for k in ("hidden_size", "num_hidden_layers", "state_size", "vocab_size")
-        if k in model_config
-    }
-    metric_rows = "\n".join(f"| {name} | {_fmt(value)} |" for name, value in metrics.items())
-    data = train_config.get("dataset")
-    tokenizer = (
-        train_config.get("tokenizer")
-        or f"byte-level BPE of {train_config.get('vocab_size')} tokens trained on the {data} train split"
-    )
-    return f"""---
+# The model card; render_model_card fills its fields (str.format).
+_MODEL_CARD = """---
 library_name: transformers
 tags:
 - ssmhub
@@ -55,9 +33,9 @@ datasets:
 
 # {model_type} language model trained with ssmhub
 
-A `{model_type}` causal language model (ssmhub family `{model_type}`; {", ".join(f"{k}={v}" for k, v in size.items())})
+A `{model_type}` causal language model (ssmhub family `{model_type}`; {size})
 trained with `ssmhub-train` on **{data}** for **{steps}** optimizer steps (**{tokens_seen:,}** tokens seen,
-windows of {train_config.get("seq_len")} tokens). Tokenizer: {tokenizer}.
+windows of {seq_len} tokens). Tokenizer: {tokenizer}.
 
 ## Results
 
@@ -91,15 +69,47 @@ tokenizer = AutoTokenizer.from_pretrained("{where}", trust_remote_code=True)
 ## Model config
 
 ```json
-{json.dumps(model_config, indent=2, sort_keys=True, default=str)}
+{model_config_json}
 ```
 
 ## Training config
 
 ```json
-{json.dumps(train_config, indent=2, sort_keys=True, default=str)}
+{train_config_json}
 ```
 """
+
+
+def render_model_card(
+    *,
+    model_type: str,
+    model_config: dict,
+    train_config: dict,
+    steps: int,
+    tokens_seen: int,
+    metrics: dict,
+    repo_id: str | None = None,
+) -> str:
+    """The README.md of a trained model folder: family, config, data, steps, tokens, metrics and how to load it."""
+    size_fields = [k for k in ("hidden_size", "num_hidden_layers", "state_size", "vocab_size") if k in model_config]
+    data = train_config.get("dataset")
+    tokenizer = (
+        train_config.get("tokenizer")
+        or f"byte-level BPE of {train_config.get('vocab_size')} tokens trained on the {data} train split"
+    )
+    return _MODEL_CARD.format(
+        model_type=model_type,
+        data=data,
+        size=", ".join(f"{k}={model_config[k]}" for k in size_fields),
+        steps=steps,
+        tokens_seen=tokens_seen,
+        seq_len=train_config.get("seq_len"),
+        tokenizer=tokenizer,
+        metric_rows="\n".join(f"| {name} | {_fmt(value)} |" for name, value in metrics.items()),
+        where=repo_id or "path/to/this/folder",
+        model_config_json=json.dumps(model_config, indent=2, sort_keys=True, default=str),
+        train_config_json=json.dumps(train_config, indent=2, sort_keys=True, default=str),
+    )
 
 
 def write_model_card(folder: str | os.PathLike, **kwargs) -> Path:

@@ -1,6 +1,8 @@
 """Train any ssmhub family on a regular-language task and measure length extrapolation (``ssmhub-regular``).
 
-The protocol of Fan, Chi & Rudnicky (arXiv:2309.07412, §4; spec regular-lrnn.md §3.3-3.4):
+The protocol of Fan, Chi & Rudnicky (arXiv:2309.07412, §4.1-4.2, Table 1 and the Table 2 caption). The paper
+gives only the lengths, the 40,000 updates and the best-test-accuracy metric; the optimizer and the evaluation
+schedule below are those of the authors' code (github.com/tinghanf/RegluarLRNN):
 
 - online training: a fresh batch of i.i.d. sequences at the training length every step (Sum and
   EvenPair 40, ModArith 39), cross-entropy over every supervised position, Adam at a constant
@@ -21,8 +23,8 @@ last step is then one extra evaluation, unless it was a multiple of ``eval_steps
 
 ``matmul_precision`` is ``torch.set_float32_matmul_precision`` for the run: the authors' ``"high"``
 (TF32 on CUDA; plain float32 on CPU) by default. On a CPU with AVX512-BF16, ``"medium"`` lets oneDNN
-split each float32 matmul into bfloat16 passes: 2.4x faster for the transition MLP's (4992 × 512) @
-(512 × 512) product, at a measured RMS relative error of 4e-7 (float32: 2.4e-7).
+split each float32 matmul into bfloat16 passes, faster at close to float32 accuracy
+(:func:`ssmhub.ops.precision.float32_matmul_precision`).
 
 Every family goes through ``AutoModelForTokenClassification`` with the same data, budget and network
 around its mixer (the code's: no residual around the last layer, a ReLU MLP head of width
@@ -48,13 +50,25 @@ from ..fileio import write_json_atomic
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from .run_state import load_run_state, restore_run_state, save_run_state
 
-__all__ = ["LENGTH_BUCKETS", "RegularResult", "RegularRunConfig", "float32_matmul_precision", "main", "run_regular"]
+__all__ = [
+    "LENGTH_BUCKETS",
+    "RegularResult",
+    "RegularRunConfig",
+    "bucket_accuracy",
+    "float32_matmul_precision",
+    "length_buckets",
+    "main",
+    "run_regular",
+]
 
-# The authors' optimizer settings per task (spec §3.3): (learning rate, weight decay).
+# The authors' optimizer settings per task (from their code; the paper gives none): (learning rate, weight decay).
 TASK_OPTIMIZER = {"sum": (1e-4, 0.0), "even_pair": (2e-4, 0.0), "mod_arith": (2e-4, 1e-4)}
-# The paper's model per task (spec §1.3): 1 layer of width 64 (3 layers for ModArith), blocks of 8.
+# The paper's model per task (§4.4): 1 layer of width 64 (3 layers for ModArith), blocks of 8.
 TASK_LAYERS = {"mod_arith": 3}
-LENGTH_BUCKETS = ((1, 40), (41, 100), (101, 200), (201, 300), (301, 400), (401, 500))
+# Prefix-length buckets of the per-prefix accuracy (length_buckets): 1-40, the training lengths (39 for
+# ModArith), then every 100 up to the test length, whatever it is; the last bucket ends at it.
+FIRST_BUCKET_END = 40
+BUCKET_WIDTH = 100
 # Settings that may differ between a run and the run that resumes its checkpoint: the budget, where
 # the checkpoint lives, and the final test set (used only after training).
 RESUMABLE_CHANGES = ("steps", "checkpoint", "test_sequences", "test_seed")
@@ -123,13 +137,13 @@ class RegularResult:
 
 
 def build_model(config: RegularRunConfig, task):
-    """The family's token classifier shaped like the authors' network (spec regular-lrnn §1.3): width 64,
-    the paper's depth, no residual around the last layer, the ReLU MLP head, torch.nn's default init.
+    """The family's token classifier shaped like the authors' network (their code's ``*MultiBlock`` classes):
+    width 64, the paper's depth (§4.4), no residual around the last layer, the ReLU MLP head, torch.nn's default
+    init.
 
-    The last two matter: with the shared stack's defaults (a residual on every layer, N(0, 0.02) init)
-    the LRNN fit every task at length 40 but averaged 0.848 / 0.927 / 0.254 at length 500 on Sum /
-    EvenPair / ModArith; in this network 1.000 / 0.999 / 0.993, and on Sum(5) seed 1 reverting either
-    change alone keeps it from extrapolating (benchmarks/results/regular_languages.md).
+    The last two matter for length extrapolation: the shared stack's defaults (a residual on every layer,
+    N(0, 0.02) init) fit the training length but extrapolate worse (benchmarks/results/regular_languages.md,
+    "Ablation: the network around the mixer" and "Earlier runs in the shared stack's network").
     """
     from transformers import AutoConfig, AutoModelForTokenClassification
 
@@ -172,18 +186,43 @@ def last_token_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> floa
     return (picked == answers).float().mean().item()
 
 
+def length_buckets(length: int) -> list[tuple[int, int]]:
+    """The prefix-length buckets ``(low, high)`` (both included) that cover ``1..length`` with no gap:
+    ``1-40``, ``41-100``, then one every 100, the last one ending at ``length``.
+
+    Example: ``length_buckets(1000)`` is ``[(1, 40), (41, 100), (101, 200), ..., (901, 1000)]`` and
+    ``length_buckets(60)`` is ``[(1, 40), (41, 60)]``. Raises ValueError for a ``length`` below 1.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive integer; got {length!r}")
+    ends = [end for end in (FIRST_BUCKET_END, *range(BUCKET_WIDTH, length, BUCKET_WIDTH)) if end < length]
+    ends.append(length)
+    return list(zip([1, *(end + 1 for end in ends[:-1])], ends))
+
+
+# The buckets at the paper's test length, 500.
+LENGTH_BUCKETS = tuple(length_buckets(500))
+
+
 def bucket_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Accuracy of the per-prefix answers grouped by prefix length (position t answers length t + 1)."""
+    """Accuracy of the per-prefix answers grouped by prefix length (position t answers length t + 1).
+
+    Args:
+        predictions, labels: (N, L) class ids; ``labels`` is :data:`IGNORE_INDEX` where a position is not
+            supervised.
+
+    Returns:
+        ``"low-high"`` -> accuracy over the supervised positions whose prefix length is in that bucket of
+        :func:`length_buckets` ``(L)`` (a bucket without one is left out).
+    """
     length = labels.shape[1]
     prefix_length = torch.arange(1, length + 1)
     result = {}
-    for low, high in LENGTH_BUCKETS:
-        if low > length:
-            break
+    for low, high in length_buckets(length):
         in_bucket = (prefix_length >= low) & (prefix_length <= high)
         supervised = (labels != IGNORE_INDEX) & in_bucket
         if supervised.any():
-            result[f"{low}-{min(high, length)}"] = (predictions[supervised] == labels[supervised]).float().mean().item()
+            result[f"{low}-{high}"] = (predictions[supervised] == labels[supervised]).float().mean().item()
     return result
 
 

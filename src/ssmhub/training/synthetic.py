@@ -212,17 +212,7 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
     """
     task, model_config, device = validate_run(config)
     lr = config.lr if config.lr is not None else default_learning_rate(task.kind, config.model_type, config.seq_len)
-    resume = config.checkpoint is not None and Path(config.checkpoint).exists()
-    saved = (
-        load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES, asdict(SyntheticRunConfig()))
-        if resume
-        else None
-    )
-    if saved is not None and saved["progress"]["step"] > config.max_steps:
-        raise ValueError(
-            f"max_steps must be at least the {saved['progress']['step']} steps the checkpoint "
-            f"{config.checkpoint} has already run, got {config.max_steps}"
-        )
+    saved = _saved_run_state(config)
     start = time.perf_counter()
     eval_inputs, eval_targets = fixed_eval_set(task, config.eval_examples, seed=config.eval_seed)
 
@@ -240,12 +230,7 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
         model.train()
         train_start = time.perf_counter()
         for step in range(progress["step"] + 1, config.max_steps + 1):
-            inputs, targets = task.sample(config.batch_size, data)
-            loss = _loss(model, task, inputs.to(device), targets.to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            progress["loss"] = loss.item()
+            progress["loss"] = _train_step(model, optimizer, task, config.batch_size, data, device)
             if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
                 rate = (progress["train_s"] + time.perf_counter() - train_start) / step
                 log(f"step {step}/{config.max_steps}: loss {progress['loss']:.5f} ({rate:.3f} s/step)")
@@ -260,6 +245,44 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
                 start, train_start = now, time.perf_counter()  # the save counts as wall time, not training time
         progress["train_s"] += time.perf_counter() - train_start
         scores = evaluate(model, task, eval_inputs, eval_targets, config.eval_batch_size, device)
+    outcome = {
+        "wall_s": progress["elapsed_s"] + time.perf_counter() - start,
+        "s_per_step": progress["train_s"] / config.max_steps,
+        "final_train_loss": progress["loss"],
+        "resumed_from_step": resumed_from_step,
+        "lr": lr,
+    }
+    return _results_row(config, task, scores, outcome, sum(p.numel() for p in model.parameters()), device)
+
+
+def _saved_run_state(config: SyntheticRunConfig) -> dict[str, Any] | None:
+    """The checkpoint to resume from (checked against ``config``), or None when there is none to resume."""
+    if config.checkpoint is None or not Path(config.checkpoint).exists():
+        return None
+    saved = load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES, asdict(SyntheticRunConfig()))
+    if saved["progress"]["step"] > config.max_steps:
+        raise ValueError(
+            f"max_steps must be at least the {saved['progress']['step']} steps the checkpoint "
+            f"{config.checkpoint} has already run, got {config.max_steps}"
+        )
+    return saved
+
+
+def _train_step(model, optimizer, task, batch_size: int, data: torch.Generator, device: torch.device) -> float:
+    """One optimizer step on a fresh batch drawn with ``data``; returns its loss."""
+    inputs, targets = task.sample(batch_size, data)
+    loss = _loss(model, task, inputs.to(device), targets.to(device))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def _results_row(
+    config: SyntheticRunConfig, task, scores: dict, outcome: dict, num_parameters: int, device: torch.device
+) -> dict[str, Any]:
+    """The results row of a run: what was trained, its scores (``metric`` and ``value`` name the task's
+    headline one), ``outcome`` (wall time, time per step, final loss, resumed step, learning rate) and settings."""
     metric = "r2" if task.kind == "regression" else "accuracy"
     input_length = task.input_length if task.kind == "regression" else task.seq_len
     row = {
@@ -273,16 +296,12 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
         "metric": metric,
         "value": scores[metric],
         **{k: v for k, v in scores.items() if k != metric},
-        "wall_s": progress["elapsed_s"] + time.perf_counter() - start,
-        "s_per_step": progress["train_s"] / config.max_steps,
-        "final_train_loss": progress["loss"],
-        "resumed_from_step": resumed_from_step,
-        "lr": lr,
+        **outcome,
         "batch_size": config.batch_size,
         "matmul_precision": config.matmul_precision,
         "seed": config.seed,
         "eval_examples": config.eval_examples,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "num_parameters": num_parameters,
         "device": str(device),
         "model_config": {**family_defaults(config.model_type, input_length), **config.model_config},
     }

@@ -1,45 +1,56 @@
 """The Accelerate training loop behind ``ssmhub-train``.
 
-:func:`train` runs a :class:`~ssmhub.training.config.TrainConfig`:
+:func:`train` runs a :class:`~ssmhub.training.config.TrainConfig` in three phases, each a short function:
 
-1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys,
-   seq_len against any length limit the model config declares), before any data is read;
-2. trains a BPE on the train documents, streamed (or loads ``tokenizer``), on the main process and
-   saves it in ``output_dir/checkpoints/tokenizer`` so every process (and a resumed run) uses the same one;
-3. tokenizes both splits into fixed-length windows once, into an on-disk cache that later runs reuse
-   (:func:`ssmhub.data.cached_token_windows`; windows are memory-mapped, PG-19 is read book by
-   book and its windows never cross a book), builds the model from ``AutoConfig.for_model(model_type, **model_config)``,
-   AdamW over ``model.optimizer_param_groups`` (no weight decay on recurrence parameters),
-   warmup + cosine schedule, gradient accumulation and clipping, mixed precision;
-4. reads the data in an order fixed by ``seed`` and the epoch (:class:`EpochShuffleSampler`), so a
-   resumed run and a run on N processes with 1/N of the per-device batch see the same global batches;
-5. logs to ``metrics.jsonl``, ``metrics.csv``, Accelerate trackers and a tqdm bar, evaluates every
-   ``eval_steps``, checkpoints every ``save_steps`` (see :mod:`.checkpoint`);
-6. saves model, tokenizer, model card and a loss plot into ``output_dir``, and pushes it to the Hub
-   if asked (after the local save, so a failed push leaves a complete folder).
+- :func:`_prepare` builds everything the loop needs (a :class:`_TrainingSetup`) and where it starts
+  (a :class:`_Progress`):
+
+  1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys,
+     seq_len against any length limit the model config declares), before any data is read
+     (:func:`_check_before_reading_data`), and starts Accelerate (:func:`_start_accelerator`);
+  2. trains a BPE on the train documents, streamed (or loads ``tokenizer``), on the main process and
+     saves it in ``output_dir/checkpoints/tokenizer`` so every process (and a resumed run) uses the same
+     one (:func:`_shared_tokenizer`);
+  3. tokenizes both splits into fixed-length windows once, into an on-disk cache that later runs reuse
+     (:func:`ssmhub.data.cached_token_windows`; windows are memory-mapped, PG-19 is read book by
+     book and its windows never cross a book), builds the model from
+     ``AutoConfig.for_model(model_type, **model_config)``, AdamW over ``model.optimizer_param_groups``
+     (no weight decay on recurrence parameters) and a warmup + cosine schedule
+     (:func:`_build_model_and_optimizer`); the data is read in an order fixed by ``seed`` and the epoch
+     (:class:`EpochShuffleSampler`), so a resumed run and a run on N processes with 1/N of the
+     per-device batch see the same global batches;
+  4. with ``resume``, restores the newest checkpoint (:func:`_resume_point`), and starts the metrics
+     files and trackers (:func:`_start_records`).
+
+- :func:`_run_loop` takes optimizer steps (:func:`_train_step`: gradient accumulation and clipping,
+  mixed precision) until ``max_steps``, logs each to ``metrics.jsonl``, ``metrics.csv``, Accelerate
+  trackers and a tqdm bar, evaluates every ``eval_steps`` and checkpoints every ``save_steps``
+  (:func:`_evaluate_and_checkpoint`; see :mod:`.checkpoint`).
+
+- :func:`_finish` saves model, tokenizer, model card and a loss plot into ``output_dir``, and pushes it
+  to the Hub if asked (after the local save, so a failed push leaves a complete folder).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from ..fileio import read_jsonl, write_json_atomic, write_text_atomic
+from ..fileio import write_json_atomic
 from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import build_windows, check_data_dir, corpus_source, iter_documents
+from .metrics import MetricsLogger, plot_losses
 from .model_card import final_metrics, push_folder_to_hub, write_model_card
 from .param_groups import param_groups
 
@@ -48,7 +59,6 @@ __all__ = ["EpochShuffleSampler", "TrainResult", "build_model_config", "lr_lambd
 # Length limits a model config may declare; seq_len must not exceed any that is set.
 _LENGTH_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx")
 TOKENIZER_SUBDIR = "tokenizer"
-METRIC_FIELDS = ("step", "split", "loss", "perplexity", "lr", "tokens_seen", "epoch", "elapsed_s")
 
 
 @dataclass
@@ -145,59 +155,6 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
     return tokenizer
 
 
-class MetricsLogger:
-    """Appends metric records to ``metrics.jsonl`` and ``metrics.csv`` (main process) and Accelerate trackers."""
-
-    def __init__(self, accelerator, output_dir: Path, resume_step: int | None):
-        self.accelerator = accelerator
-        self.jsonl, self.csv = output_dir / "metrics.jsonl", output_dir / "metrics.csv"
-        if accelerator.is_main_process:
-            kept = [r for r in self.read(output_dir) if resume_step is not None and r["step"] <= resume_step]
-            write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in kept))
-            table = io.StringIO(newline="")
-            writer = csv.DictWriter(table, fieldnames=METRIC_FIELDS)
-            writer.writeheader()
-            writer.writerows(kept)
-            write_text_atomic(self.csv, table.getvalue())
-
-    @staticmethod
-    def read(output_dir: str | os.PathLike) -> list[dict]:
-        """The records of ``output_dir/metrics.jsonl`` (empty if there is none)."""
-        return read_jsonl(Path(output_dir) / "metrics.jsonl")  # a torn last line: the run resumes before it
-
-    def log(self, record: dict) -> None:
-        record = {key: record.get(key) for key in METRIC_FIELDS}
-        if self.accelerator.is_main_process:
-            with open(self.jsonl, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            with open(self.csv, "a", newline="", encoding="utf-8") as f:
-                csv.DictWriter(f, fieldnames=METRIC_FIELDS).writerow(record)
-        split = record["split"]
-        values = {f"{split}/{k}": record[k] for k in ("loss", "perplexity", "lr") if record[k] is not None}
-        self.accelerator.log(values, step=record["step"])
-
-
-def plot_losses(records: list[dict], path: Path) -> None:
-    """A PNG of train and validation loss against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for split, style in (("train", "-"), ("validation", "o-")):
-        points = [(r["step"], r["loss"]) for r in records if r["split"] == split]
-        if points:
-            ax.plot(*zip(*points), style, label=split)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats / token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 @torch.no_grad()
 def evaluate(accelerator, model, windows, batch_size: int) -> float:
     """Mean next-token loss over ``windows`` (``windows[indices]`` -> (n, seq_len) ids), shared out across
@@ -264,14 +221,107 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
     :class:`~ssmhub.training.checkpoint.CheckpointError` for a checkpoint that cannot be resumed, and
     :class:`~ssmhub.training.model_card.HubPushError` when the push fails after the local save.
     """
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM
+    setup, progress = _prepare(config)
+    _run_loop(setup, progress, on_step_end)
+    return _finish(setup, progress)
 
-    from ..tokenization import load_tokenizer
 
-    # 1. cheap checks, before any data is read
+@dataclass
+class _TrainingSetup:
+    """What the loop works with, built once by :func:`_prepare` (model, optimizer and loader are prepared
+    by Accelerate; the scheduler is not, but is registered for checkpointing)."""
+
+    config: TrainConfig
+    accelerator: Any  # accelerate.Accelerator
+    output_dir: Path
+    tokenizer: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: EpochShuffleSampler
+    loader: DataLoader
+    valid_windows: Any  # ssmhub.data.TokenWindows
+    logger: MetricsLogger
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one optimizer step: per-device batch x processes x accumulation steps x seq_len."""
+        config = self.config
+        batch = config.per_device_train_batch_size * self.accelerator.num_processes
+        return batch * config.gradient_accumulation_steps * config.seq_len
+
+
+@dataclass
+class _Progress:
+    """Where the run stands; ``step``, ``epoch`` and ``position`` are what a checkpoint records."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epoch of the last batch read
+    position: int = 0  # batches of that epoch read so far (on each process)
+    train_loss: float | None = None  # of the last step
+    eval_loss: float | None = None  # of the last evaluation
+    started: float = 0.0  # time.perf_counter() when this session's loop began (``elapsed_s`` counts from it)
+
+
+@dataclass
+class _StepOutcome:
+    """What one optimizer step reports."""
+
+    loss: float  # mean over its micro-batches and the processes
+    lr: float  # the learning rate it used
+    epoch: int  # where its last micro-batch came from
+    position: int
+
+
+def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
+    """Check the options, start Accelerate, get the tokenizer and windows, build model, optimizer and data
+    loader, and resume (or start) the run; steps 1-4 of the module docstring, in that order."""
+    output_dir = _check_before_reading_data(config)
+    accelerator = _start_accelerator(config, output_dir)
+    train_source = corpus_source(config.dataset, "train", config.data_dir)  # files resolved, not read
+    valid_source = corpus_source(config.dataset, "validation", config.data_dir)
+    tokenizer = _shared_tokenizer(config, accelerator, output_dir, train_source)
+    with accelerator.main_process_first():  # the main process tokenizes into the cache, the others then load
+        train_windows, valid_windows = build_windows(
+            tokenizer,
+            train_source,
+            valid_source,
+            config.seq_len,
+            config.max_eval_windows,
+            cache_dir=config.cache_dir,
+            num_proc=config.preprocessing_num_workers or None,
+        )
+    model, optimizer, scheduler = _build_model_and_optimizer(config, tokenizer)
+    sampler = EpochShuffleSampler(len(train_windows), config.seed)
+    loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
+    # The scheduler is not prepared (Accelerate would step it once per process) but is checkpointed.
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    accelerator.register_for_checkpointing(scheduler)
+    if len(loader) == 0:
+        raise ValueError(
+            f"{len(train_windows)} train windows are too few for a global batch of "
+            f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
+        )
+    progress = _resume_point(config, accelerator, output_dir)
+    logger = _start_records(config, accelerator, output_dir, resume_step=progress.step if config.resume else None)
+    setup = _TrainingSetup(
+        config=config,
+        accelerator=accelerator,
+        output_dir=output_dir,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sampler=sampler,
+        loader=loader,
+        valid_windows=valid_windows,
+        logger=logger,
+    )
+    return setup, progress
+
+
+def _check_before_reading_data(config: TrainConfig) -> Path:
+    """Raise for an option that cannot work, before any data is read; returns the output folder."""
     config.validate()
     check_data_dir(config.data_dir)
     build_model_config(config)
@@ -283,6 +333,13 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
             f"{output_dir} holds checkpoints of an earlier run: pass --resume to continue it, or "
             "--overwrite_output_dir to start again there"
         )
+    return output_dir
+
+
+def _start_accelerator(config: TrainConfig, output_dir: Path):
+    """The run's ``Accelerator`` (its trackers checked to be installed), with every RNG seeded by ``seed``."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
 
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
@@ -300,31 +357,32 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
             "(Accelerate enables no autocast there); training in fp32"
         )
     set_seed(config.seed)
+    return accelerator
 
-    # 2. the splits (files resolved, not read) and the tokenizer (trained once, on the main process,
-    #    streaming over the train documents, and shared through the disk)
-    train_source = corpus_source(config.dataset, "train", config.data_dir)
-    valid_source = corpus_source(config.dataset, "validation", config.data_dir)
+
+def _shared_tokenizer(config: TrainConfig, accelerator, output_dir: Path, train_source):
+    """The run's tokenizer, the same on every process: trained (streaming over the train documents) or
+    loaded from ``config.tokenizer`` once, on the main process, and shared through
+    ``output_dir/checkpoints/tokenizer``; a resumed run reuses the one saved there.
+
+    A fresh run first clears ``output_dir/checkpoints`` (there can only be an overwritten run's).
+    """
+    from ..tokenization import load_tokenizer
+
     tokenizer_dir = output_dir / "checkpoints" / TOKENIZER_SUBDIR
     if accelerator.is_main_process and not config.resume:
-        shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)  # only an overwritten run's
+        shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
     if accelerator.is_main_process and not (config.resume and tokenizer_dir.is_dir()):
         _load_or_train_tokenizer(config, iter_documents(train_source)).save_pretrained(tokenizer_dir)
     accelerator.wait_for_everyone()
-    tokenizer = load_tokenizer(tokenizer_dir)
+    return load_tokenizer(tokenizer_dir)
 
-    # 3. windows (tokenized once into the cache: the main process builds, the others then load),
-    #    model, optimizer, schedule
-    with accelerator.main_process_first():
-        train_windows, valid_windows = build_windows(
-            tokenizer,
-            train_source,
-            valid_source,
-            config.seq_len,
-            config.max_eval_windows,
-            cache_dir=config.cache_dir,
-            num_proc=config.preprocessing_num_workers or None,
-        )
+
+def _build_model_and_optimizer(config: TrainConfig, tokenizer):
+    """The model (initialized from ``seed``), AdamW over its parameter groups and the warmup + cosine schedule."""
+    from accelerate.utils import set_seed
+    from transformers import AutoModelForCausalLM
+
     model_config = build_model_config(config, tokenizer)
     set_seed(config.seed)
     model = AutoModelForCausalLM.from_config(model_config)
@@ -338,121 +396,144 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_lambda(step, warmup, config.max_steps, config.min_lr_ratio)
     )
-    sampler = EpochShuffleSampler(len(train_windows), config.seed)
-    loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
-    # The scheduler is not prepared (Accelerate would step it once per process) but is checkpointed.
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    accelerator.register_for_checkpointing(scheduler)
-    if len(loader) == 0:
-        raise ValueError(
-            f"{len(train_windows)} train windows are too few for a global batch of "
-            f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
-        )
+    return model, optimizer, scheduler
 
-    # 4. resume
-    step, epoch, position = 0, 0, 0
-    if config.resume:
-        _check_resume_matches(config, output_dir, accelerator.num_processes)
-        path, state = load_checkpoint(accelerator, output_dir)
-        step, epoch, position = state["step"], state["epoch"], state["position"]
-        accelerator.print(f"resumed from {path} at step {step}")
+
+def _resume_point(config: TrainConfig, accelerator, output_dir: Path) -> _Progress:
+    """Step 0 of a fresh run; with ``resume``, the newest checkpoint's, after restoring it into ``accelerator``
+    (model, optimizer, scheduler, RNG states)."""
+    if not config.resume:
+        return _Progress()
+    _check_resume_matches(config, output_dir, accelerator.num_processes)
+    path, state = load_checkpoint(accelerator, output_dir)
+    accelerator.print(f"resumed from {path} at step {state['step']}")
+    return _Progress(step=state["step"], epoch=state["epoch"], position=state["position"])
+
+
+def _start_records(config: TrainConfig, accelerator, output_dir: Path, resume_step: int | None) -> MetricsLogger:
+    """Write ``train_config.json`` (what a resumed run is checked against), start the trackers and the
+    metrics files (a resumed run keeps the records up to ``resume_step``)."""
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         saved = {**config.to_dict(), "num_processes": accelerator.num_processes}
         write_json_atomic(output_dir / "train_config.json", saved)
     accelerator.init_trackers("ssmhub-train", config={k: str(v) for k, v in config.to_dict().items()})
-    logger = MetricsLogger(accelerator, output_dir, resume_step=step if config.resume else None)
+    return MetricsLogger(accelerator, output_dir, resume_step=resume_step)
 
-    tokens_per_step = (
-        config.per_device_train_batch_size
-        * accelerator.num_processes
-        * config.gradient_accumulation_steps
-        * config.seq_len
-    )
-    batches = _batches(loader, sampler, epoch, position)
-    progress = tqdm(
-        total=config.max_steps, initial=step, desc="training", disable=not accelerator.is_local_main_process
-    )
-    start_time = time.perf_counter()
-    train_loss = eval_loss = None
-    recent: list[float] = []
-    model.train()
 
-    def record(split: str, loss: float, lr: float | None = None) -> None:
-        logger.log(
-            {
-                "step": step,
-                "split": split,
-                "loss": loss,
-                "perplexity": math.exp(min(loss, 700.0)),
-                "lr": lr,
-                "tokens_seen": step * tokens_per_step,
-                "epoch": epoch,
-                "elapsed_s": time.perf_counter() - start_time,
-            }
-        )
+def _run_loop(setup: _TrainingSetup, progress: _Progress, on_step_end: Callable[[int], None] | None) -> None:
+    """Take optimizer steps from ``progress`` to ``max_steps``, logging each (metrics files, trackers, a
+    tqdm bar), evaluating and checkpointing on their schedules; ``progress`` is updated in place."""
+    from tqdm.auto import tqdm
 
-    # 5. the loop: one iteration = one optimizer step over gradient_accumulation_steps micro-batches
-    while step < config.max_steps:
-        micro_losses = []
-        for micro in range(config.gradient_accumulation_steps):
-            epoch, position, batch = next(batches)
-            last = micro == config.gradient_accumulation_steps - 1
-            with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                loss = model(batch, labels=batch, use_cache=False).loss
-                accelerator.backward(loss / config.gradient_accumulation_steps)
-            micro_losses.append(loss.detach().float())
-        if config.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-
-        step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
-        train_loss = step_loss
-        recent.append(step_loss)
-        record("train", step_loss, lr)
-        if step % config.logging_steps == 0 or step == config.max_steps:
-            progress.set_postfix(loss=f"{sum(recent) / len(recent):.4f}", lr=f"{lr:.2e}")
+    config = setup.config
+    batches = _batches(setup.loader, setup.sampler, progress.epoch, progress.position)
+    hidden = not setup.accelerator.is_local_main_process
+    bar = tqdm(total=config.max_steps, initial=progress.step, desc="training", disable=hidden)
+    progress.started = time.perf_counter()
+    recent: list[float] = []  # train losses since the bar last showed one
+    setup.model.train()
+    while progress.step < config.max_steps:
+        outcome = _train_step(setup, batches)
+        progress.step += 1
+        progress.epoch, progress.position, progress.train_loss = outcome.epoch, outcome.position, outcome.loss
+        recent.append(outcome.loss)
+        _log_metrics(setup, progress, "train", outcome.loss, outcome.lr)
+        if progress.step % config.logging_steps == 0 or progress.step == config.max_steps:
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}", lr=f"{outcome.lr:.2e}")
             recent = []
-        progress.update(1)
-        if (config.eval_steps and step % config.eval_steps == 0) or step == config.max_steps:
-            eval_loss = evaluate(accelerator, model, valid_windows, config.per_device_eval_batch_size)
-            record("validation", eval_loss)
-        if config.save_steps and step % config.save_steps == 0:
-            save_checkpoint(
-                accelerator, output_dir, step, {"epoch": epoch, "position": position}, config.save_total_limit
-            )
+        bar.update(1)
+        _evaluate_and_checkpoint(setup, progress)
         if on_step_end is not None:
-            on_step_end(step)
-    progress.close()
+            on_step_end(progress.step)
+    bar.close()
 
-    # 6. save, card, plot, push
-    tokens_seen = step * tokens_per_step
+
+def _train_step(setup: _TrainingSetup, batches: Iterator[tuple[int, int, torch.Tensor]]) -> _StepOutcome:
+    """One optimizer step over ``gradient_accumulation_steps`` micro-batches drawn from ``batches``
+    (gradients synchronized across processes on the last one only), clipped to ``max_grad_norm``; the
+    scheduler steps with the optimizer."""
+    config, accelerator, model = setup.config, setup.accelerator, setup.model
+    micro_losses = []
+    for micro in range(config.gradient_accumulation_steps):
+        epoch, position, batch = next(batches)
+        last = micro == config.gradient_accumulation_steps - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            loss = model(batch, labels=batch, use_cache=False).loss
+            accelerator.backward(loss / config.gradient_accumulation_steps)
+        micro_losses.append(loss.detach().float())
+    if config.max_grad_norm > 0:
+        accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    lr = setup.scheduler.get_last_lr()[0]
+    setup.optimizer.step()
+    setup.scheduler.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
+    return _StepOutcome(step_loss, lr, epoch, position)
+
+
+def _evaluate_and_checkpoint(setup: _TrainingSetup, progress: _Progress) -> None:
+    """After a step: evaluate every ``eval_steps`` and at the last step, checkpoint every ``save_steps``."""
+    config, step = setup.config, progress.step
+    if (config.eval_steps and step % config.eval_steps == 0) or step == config.max_steps:
+        loss = evaluate(setup.accelerator, setup.model, setup.valid_windows, config.per_device_eval_batch_size)
+        progress.eval_loss = loss
+        _log_metrics(setup, progress, "validation", progress.eval_loss)
+    if config.save_steps and step % config.save_steps == 0:
+        position = {"epoch": progress.epoch, "position": progress.position}
+        save_checkpoint(setup.accelerator, setup.output_dir, step, position, config.save_total_limit)
+
+
+def _log_metrics(setup: _TrainingSetup, progress: _Progress, split: str, loss: float, lr: float | None = None) -> None:
+    """Log one record of ``split`` ("train" or "validation") at the current step."""
+    setup.logger.log(
+        {
+            "step": progress.step,
+            "split": split,
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "lr": lr,
+            "tokens_seen": progress.step * setup.tokens_per_step,
+            "epoch": progress.epoch,
+            "elapsed_s": time.perf_counter() - progress.started,
+        }
+    )
+
+
+def _finish(setup: _TrainingSetup, progress: _Progress) -> TrainResult:
+    """Save the model folder (main process), end the trackers, print a summary and push to the Hub if asked
+    (after the local save, so a failed push leaves a complete folder)."""
+    config, accelerator, output_dir = setup.config, setup.accelerator, setup.output_dir
+    tokens_seen = progress.step * setup.tokens_per_step
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(output_dir)
-        tokenizer.save_pretrained(output_dir)
-        plot_losses(MetricsLogger.read(output_dir), output_dir / "loss.png")
-        write_model_card(
-            output_dir,
-            model_type=config.model_type,
-            model_config=unwrapped.config.to_diff_dict(),
-            train_config=config.to_dict(),
-            steps=step,
-            tokens_seen=tokens_seen,
-            metrics=final_metrics(train_loss, eval_loss),
-            repo_id=config.hub_model_id if config.push_to_hub else None,
-        )
+        _save_model_folder(setup, progress.step, tokens_seen, final_metrics(progress.train_loss, progress.eval_loss))
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    result = TrainResult(output_dir, step, tokens_seen, train_loss, eval_loss)
-    summary = ", ".join(f"{name} {value:.4f}" for name, value in final_metrics(train_loss, eval_loss).items())
-    accelerator.print(f"trained {step} steps ({tokens_seen:,} tokens); {summary}; saved to {output_dir}")
+    result = TrainResult(output_dir, progress.step, tokens_seen, progress.train_loss, progress.eval_loss)
+    metrics = final_metrics(progress.train_loss, progress.eval_loss)
+    summary = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    accelerator.print(f"trained {progress.step} steps ({tokens_seen:,} tokens); {summary}; saved to {output_dir}")
     if config.push_to_hub and accelerator.is_main_process:
         result.hub_url = push_folder_to_hub(output_dir, config.hub_model_id, private=config.hub_private)
         accelerator.print(f"pushed to {result.hub_url}")
     return result
+
+
+def _save_model_folder(setup: _TrainingSetup, steps: int, tokens_seen: int, metrics: dict) -> None:
+    """Model, tokenizer, loss plot and model card into ``output_dir``."""
+    config, output_dir = setup.config, setup.output_dir
+    model = setup.accelerator.unwrap_model(setup.model)
+    model.save_pretrained(output_dir)
+    setup.tokenizer.save_pretrained(output_dir)
+    plot_losses(MetricsLogger.read(output_dir), output_dir / "loss.png")
+    write_model_card(
+        output_dir,
+        model_type=config.model_type,
+        model_config=model.config.to_diff_dict(),
+        train_config=config.to_dict(),
+        steps=steps,
+        tokens_seen=tokens_seen,
+        metrics=metrics,
+        repo_id=config.hub_model_id if config.push_to_hub else None,
+    )

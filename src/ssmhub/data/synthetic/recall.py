@@ -131,8 +131,8 @@ def _distinct(batch: int, low: int, high: int, count: int, generator: torch.Gene
     """(batch, count) distinct tokens drawn uniformly from low..high−1, in random order.
 
     The positions of the ``count`` smallest of ``high − low`` uniform scores, smallest first: what
-    ``scores.argsort()[:, :count]`` gives, found by ``topk`` in linear time (about 90× faster than the full
-    sort for 4 of 4095, which made data generation half of a small model's MQAR step).
+    ``scores.argsort()[:, :count]`` gives, found by ``topk`` in linear time rather than by a full sort, which
+    would make data generation a large share of a small model's MQAR step.
     """
     scores = torch.rand(batch, high - low, generator=generator, device=generator.device)
     return scores.topk(count, dim=-1, largest=False).indices + low

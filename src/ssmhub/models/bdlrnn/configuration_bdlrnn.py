@@ -12,7 +12,7 @@ __all__ = ["BDLRNNConfig"]
 class BDLRNNConfig(RecurrentLMConfig):
     """A stack of block-diagonal input-dependent LRNN layers (Eq. 5-6, §3.3) with an embedding.
 
-    The regular-language reproduction (spec regular-lrnn §1.3) uses ``hidden_size=64``, ``block_size=8``
+    The regular-language reproduction (§4.4) uses ``hidden_size=64``, ``block_size=8``
     (h = 8 blocks), ``p_norm=1.2`` and 1 layer (3 for ModArith); those are set by the caller, the other
     fields keep :class:`~ssmhub.models.configuration_recurrent.RecurrentLMConfig`'s defaults.
 
@@ -27,7 +27,8 @@ class BDLRNNConfig(RecurrentLMConfig):
         input_map: ``"mlp"`` (default: the code's ReLU MLP for ``v_k``) or ``"linear"`` (the paper's ``B u_k``).
         learned_initial_state: a learned x_0 initialised ``randn`` (the code) or x_0 = 0.
         scan: ``"parallel"`` (§3.4 log-depth scan), ``"sequential"`` (loop over time; same numbers)
-            or ``"auto"`` (default: parallel for CUDA tensors, the loop on CPU, where it measured faster).
+            or ``"auto"`` (default: parallel for CUDA tensors, the loop on CPU, faster there:
+            benchmarks/results/block_scan.md).
     """
 
     model_type = "bdlrnn"

@@ -4,7 +4,8 @@ All shared machinery (block stack, cache, heads, init, remote code) lives in
 :mod:`ssmhub.models.modeling_recurrent`; this file says only what is this family's own: its mixer,
 :class:`~ssmhub.layers.bdlrnn.BDLRNNMixer` (Eq. 5-6, §3.3; parallel scan §3.4).
 
-Differences from the authors' network (spec regular-lrnn §1.3): the shared block stack is
+Differences from the authors' network (their code, github.com/tinghanf/RegluarLRNN; the paper, §4.4, says
+only that each layer is a full LRNN pass): the shared block stack is
 ``x + mixer(LN(x))`` on every layer (optionally with an MLP) followed by a final LayerNorm, while the
 code has no residual on its last layer; the token-classification head with
 ``classifier_intermediate_size=hidden_size`` is the code's ReLU MLP head. Linear maps and embeddings

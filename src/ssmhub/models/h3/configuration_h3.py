@@ -10,9 +10,23 @@ from ...ops.fftconv import BACKENDS
 from ...ops.longconv import PAPER_ORDER
 from ..configuration_recurrent import RecurrentLMConfig, check_choice, check_positive
 
-__all__ = ["H3Config"]
+__all__ = ["H3Config", "default_attention_layers"]
 
 REGULARIZERS = ("dropout", "smooth", "squash")
+PAPER_DEPTH = 12  # H3-125M of the long-conv paper's language models: 12 layers ...
+PAPER_LATE_ATTENTION_LAYER = 8  # ... with attention at layers 1 and 8 (safari ``pile/h3-conv.yaml``)
+
+
+def default_attention_layers(num_hidden_layers: int) -> list[int]:
+    """The H3-125M attention placement, [1, 8] of 12 layers, scaled to ``num_hidden_layers``.
+
+    Attention goes at layer 1 (the second layer, as in the paper's model) and at layer
+    ``round(8 · num_hidden_layers / 12)`` (two thirds of the way up); indices outside the stack are
+    dropped and a repeat counted once: 1 layer → [], 2 → [1], 3 → [1, 2], 4 → [1, 3], 6 → [1, 4],
+    12 → [1, 8], 24 → [1, 16].
+    """
+    late = round(PAPER_LATE_ATTENTION_LAYER * num_hidden_layers / PAPER_DEPTH)
+    return sorted({index for index in (1, late) if 0 <= index < num_hidden_layers})
 
 
 @strict
@@ -20,7 +34,8 @@ class H3Config(RecurrentLMConfig):
     """A stack of H3 layers whose SSMs are learned long convolutions, with optional attention layers.
 
     The defaults are the H3-125M shape of the long-conv paper's language models (d 768, 12 layers,
-    MLP 3072, attention at layers 1 and 8 with 12 heads: safari ``pile/h3-conv.yaml``).
+    MLP 3072, attention at layers 1 and 8 with 12 heads: safari ``pile/h3-conv.yaml``); at another depth
+    the attention layers move with it (``attention_layers`` below).
 
     Args (besides those of :class:`~ssmhub.models.configuration_recurrent.RecurrentLMConfig`):
         max_kernel_length: L_max, learned taps per long convolution (longer inputs are legal: taps
@@ -38,13 +53,16 @@ class H3Config(RecurrentLMConfig):
             Algorithm 1).
         regularize_shift_kernel: apply the regularizers to the shift kernel too (safari's H3Conv).
         attention_layers: 0-based indices of the layers that are causal self-attention instead of H3.
+            None (the default) places them as the paper's 12-layer model does, scaled to
+            ``num_hidden_layers`` (:func:`default_attention_layers`: [1, 8] at 12 layers, [1] at 2, [1, 16]
+            at 24, none at 1); the placement is fixed when the config is built and saved as a list, so an
+            explicit list in a saved ``config.json`` loads unchanged. Changing ``num_hidden_layers`` later
+            does not move it: a model built from a config whose list no longer fits raises a ValueError.
         num_attention_heads: heads of those attention layers.
         attention_dropout: attention-probability dropout in training.
         decode_num_modes: set by :meth:`~ssmhub.models.h3.modeling_h3.H3PreTrainedModel.distill_for_decoding`:
             each long convolution is then its fitted modal form with this many modes per head (None: the
             learned kernels, decoded exactly).
-        kernel_learning_rate: learning rate of the long-conv kernels (their own group in
-            ``optimizer_param_groups``, no weight decay); alias of ``recurrence_learning_rate``.
         fft_backend: who computes the long convolutions' FFTs: ``"torch"`` (``torch.fft``, default),
             ``"butterfly"`` (FlashButterfly's Butterfly matmuls, long-conv paper §3.2), ``"triton"`` (the
             fused kernel) or ``"auto"``; all give the same numbers (``ssmhub.ops.fftconv.fft_conv``), and
@@ -77,7 +95,7 @@ class H3Config(RecurrentLMConfig):
     squash_lambda: float = 0.001
     kernel_regularization_order: list[str] = field(default_factory=lambda: list(PAPER_ORDER))
     regularize_shift_kernel: bool = False
-    attention_layers: list[int] = field(default_factory=lambda: [1, 8])
+    attention_layers: list[int] | None = None
     num_attention_heads: int = 12
     attention_dropout: float = 0.0
     decode_num_modes: int | None = None
@@ -85,6 +103,11 @@ class H3Config(RecurrentLMConfig):
     butterfly_block_size: int = 16
     kernel_type: str = "long_conv"
     ssm_state_size: int = 64
+
+    def __post_init__(self, **kwargs):
+        if self.attention_layers is None:
+            self.attention_layers = default_attention_layers(self.num_hidden_layers)
+        super().__post_init__(**kwargs)
 
     def check_fields(self) -> None:
         super().check_fields()
@@ -101,11 +124,7 @@ class H3Config(RecurrentLMConfig):
                 raise ValueError(
                     f"H3Config.kernel_regularization_order holds {name!r}; expected names of {REGULARIZERS}"
                 )
-        for index in self.attention_layers:
-            if not 0 <= index < self.num_hidden_layers:
-                raise ValueError(
-                    f"H3Config.attention_layers holds {index}, outside the layers 0..{self.num_hidden_layers - 1}"
-                )
+        self._check_attention_layers()
         if self.attention_layers and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"H3Config.num_attention_heads ({self.num_attention_heads}) must divide hidden_size {self.hidden_size}"
@@ -126,3 +145,18 @@ class H3Config(RecurrentLMConfig):
             )
         if not self.kernel_dropout < 1:
             raise ValueError(f"H3Config.kernel_dropout must be in [0, 1); got {self.kernel_dropout}")
+
+    def _check_attention_layers(self) -> None:
+        if self.attention_layers is None:
+            raise ValueError(
+                "H3Config.attention_layers must be a list of layer indices; None picks the default placement "
+                f"only when the config is built (for {self.num_hidden_layers} layers: "
+                f"{default_attention_layers(self.num_hidden_layers)})"
+            )
+        for index in self.attention_layers:
+            if not 0 <= index < self.num_hidden_layers:
+                raise ValueError(
+                    f"H3Config.attention_layers holds {index}, outside the layers 0..{self.num_hidden_layers - 1} "
+                    f"(the default placement for {self.num_hidden_layers} layers is "
+                    f"{default_attention_layers(self.num_hidden_layers)})"
+                )

@@ -34,13 +34,13 @@ class SerpentConfig(RecurrentLMConfig):
         resampling_rates: κ ∈ (0, 1] of each resampling branch, the minimum compression rate L̄/L
             (Eq. 13). The paper's language model: ``[0.5, 0.1]`` next to the base branch.
         resampling_window: K, the number of input tokens compressed into each grid point (Eq. 12).
-            Every token lands in some window when K ≥ 1/κ (spec serpent.md §2c); the default 10 covers
-            κ = 0.1. The paper does not report K for language modelling.
+            Every token lands in some window when K ≥ 1/κ, since a grid interval holds up to 1/κ tokens;
+            the default 10 covers κ = 0.1. The paper does not report K for language modelling.
         num_distance_features: G Gaussian distance features per window token (Eq. 12; 8 in App. B.2).
         resampling_mode: ``"causal"`` (default: windows of the last K tokens up to the first token past
-            each grid point, floor expansion; spec §3, streams in O(1) per token) or ``"faithful"``
-            (the paper's symmetric K-nearest windows and nearest-grid-point expansion; non-causal, so
-            for classification only; it sets ``use_cache=False``).
+            each grid point, floor expansion; ours, since the paper never discusses causality; streams in
+            O(1) per token) or ``"faithful"`` (the paper's symmetric K-nearest windows and nearest-grid-point
+            expansion; non-causal, so for classification only; it sets ``use_cache=False``).
     """
 
     model_type = "serpent"

@@ -5,21 +5,19 @@ branch, ``h ← h + Mamba(RMSNorm(h))`` blocks and a final RMSNorm make a :class
 same function as transformers' ``MambaForCausalLM``. Existing Mamba checkpoints thus become a starting
 point for SeRpEnt: convert, then add resampling branches (``resampling_rates``) and fine-tune.
 
-Weight names (transformers → ssmhub):
-    backbone.layers.{i}.norm.weight            → backbone.layers.{i}.mixer_norm.weight
-    backbone.layers.{i}.mixer.A_log / .D       → backbone.layers.{i}.mixer.base.ssm.A_log / .D
-    backbone.layers.{i}.mixer.{other}          → backbone.layers.{i}.mixer.base.{other}
-    backbone.embeddings, backbone.norm_f, lm_head: unchanged (old ``backbone.embedding`` accepted).
+The mapping itself (config, weight names, recognising a Mamba folder) lives in :mod:`.mamba_mapping`,
+which :mod:`.modeling_serpent` also uses; its public functions are importable from here too.
 """
 
 from __future__ import annotations
 
-import re
-
-import torch
-from transformers import MambaConfig, MambaForCausalLM, PretrainedConfig
-
-from .configuration_serpent import SerpentConfig
+from .mamba_mapping import (
+    is_mamba_checkpoint,
+    mamba_state_dict_to_serpent,
+    serpent_config_from_mamba,
+    serpent_from_mamba,
+)
+from .modeling_serpent import SerpentForCausalLM
 
 __all__ = [
     "convert_mamba_checkpoint",
@@ -27,78 +25,6 @@ __all__ = [
     "mamba_state_dict_to_serpent",
     "serpent_config_from_mamba",
 ]
-
-# from_pretrained keyword arguments that locate a checkpoint (passed on when reading its config)
-_HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
-
-_LAYER_KEY = re.compile(r"^backbone\.layers\.(\d+)\.(norm|mixer)\.(.+)$")
-
-
-def serpent_config_from_mamba(mamba_config: MambaConfig, **overrides) -> SerpentConfig:
-    """The :class:`SerpentConfig` of a base-branch-only SeRpEnt equal to ``mamba_config``'s model."""
-    if mamba_config.hidden_act != "silu":
-        raise ValueError(f"only Mamba with hidden_act='silu' converts; got {mamba_config.hidden_act!r}")
-    if mamba_config.intermediate_size != mamba_config.expand * mamba_config.hidden_size:
-        raise ValueError(
-            f"MambaConfig.intermediate_size ({mamba_config.intermediate_size}) must equal expand × hidden_size "
-            f"({mamba_config.expand} × {mamba_config.hidden_size})"
-        )
-    fields = dict(
-        vocab_size=mamba_config.vocab_size,
-        hidden_size=mamba_config.hidden_size,
-        num_hidden_layers=mamba_config.num_hidden_layers,
-        norm_type="rmsnorm",
-        layer_norm_epsilon=mamba_config.layer_norm_epsilon,
-        initializer_range=mamba_config.initializer_range,
-        state_size=mamba_config.state_size,
-        expand=mamba_config.expand,
-        conv_kernel=mamba_config.conv_kernel,
-        time_step_rank=int(mamba_config.time_step_rank),
-        use_bias=mamba_config.use_bias,
-        use_conv_bias=mamba_config.use_conv_bias,
-        time_step_min=mamba_config.time_step_min,
-        time_step_max=mamba_config.time_step_max,
-        time_step_floor=mamba_config.time_step_floor,
-        time_step_scale=mamba_config.time_step_scale,
-        time_step_init_scheme=mamba_config.time_step_init_scheme,
-        resampling_rates=[],
-        tie_word_embeddings=mamba_config.tie_word_embeddings,
-        pad_token_id=mamba_config.pad_token_id,
-        bos_token_id=mamba_config.bos_token_id,
-        eos_token_id=mamba_config.eos_token_id,
-    )
-    fields.update(overrides)
-    return SerpentConfig(**fields)
-
-
-def mamba_state_dict_to_serpent(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename a transformers ``MambaForCausalLM`` state dict to :class:`SerpentForCausalLM`'s names."""
-    converted = {}
-    for key, tensor in state_dict.items():
-        key = key.replace("backbone.embedding.", "backbone.embeddings.")
-        match = _LAYER_KEY.match(key)
-        if match:
-            layer, part, rest = match.groups()
-            if part == "norm":
-                key = f"backbone.layers.{layer}.mixer_norm.{rest}"
-            elif rest in ("A_log", "D"):
-                key = f"backbone.layers.{layer}.mixer.base.ssm.{rest}"
-            else:
-                key = f"backbone.layers.{layer}.mixer.base.{rest}"
-        converted[key] = tensor
-    return converted
-
-
-def is_mamba_checkpoint(pretrained_model_name_or_path, **kwargs) -> bool:
-    """True when the folder or Hub id holds a transformers Mamba model (``model_type == "mamba"``)."""
-    if isinstance(pretrained_model_name_or_path, MambaForCausalLM):
-        return True
-    hub_kwargs = {name: kwargs[name] for name in _HUB_KWARGS if name in kwargs}
-    try:
-        config_dict, _ = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs)
-    except (OSError, ValueError):
-        return False  # let the regular loader report what is missing
-    return config_dict.get("model_type") == "mamba"
 
 
 def convert_mamba_checkpoint(source, save_directory=None, **from_pretrained_kwargs):
@@ -112,23 +38,7 @@ def convert_mamba_checkpoint(source, save_directory=None, **from_pretrained_kwar
     Returns:
         The converted model in eval mode, in the source's dtype. Its logits equal the source's.
     """
-    from .modeling_serpent import SerpentForCausalLM
-
-    if isinstance(source, MambaForCausalLM):
-        mamba = source
-    else:
-        mamba = MambaForCausalLM.from_pretrained(source, **from_pretrained_kwargs)
-    config = serpent_config_from_mamba(mamba.config)
-    state_dict = mamba_state_dict_to_serpent(mamba.state_dict())
-    model = SerpentForCausalLM(config)
-    model.load_state_dict(state_dict, strict=True)
-    dtype = mamba.get_input_embeddings().weight.dtype
-    if dtype != torch.float32:
-        model.to(dtype)
-        for name, param in model.named_parameters():  # recurrence parameters stay float32 (ssmhub's rule)
-            if ".ssm." in f".{name}":
-                param.data = param.data.float()
-    model.eval()
+    model = serpent_from_mamba(SerpentForCausalLM, source, **from_pretrained_kwargs)
     if save_directory is not None:
         model.save_pretrained(save_directory)
     return model

@@ -18,6 +18,7 @@ from ..modeling_recurrent import (
     RecurrentPreTrainedModel,
 )
 from .configuration_serpent import SerpentConfig
+from .mamba_mapping import is_mamba_checkpoint, serpent_from_mamba
 
 __all__ = [
     "SerpentForCausalLM",
@@ -59,7 +60,7 @@ class SerpentModel(RecurrentModel, SerpentPreTrainedModel):
 
 class SerpentForCausalLM(RecurrentForCausalLM, SerpentPreTrainedModel):
     """SeRpEnt language model. ``generate`` decodes in O(1) per token: each branch keeps its clock, grid
-    counter, a window of its last K tokens and its Mamba state (causal resampling, spec serpent.md §7).
+    counter, a window of its last K tokens and its Mamba state (the causal mode of :mod:`ssmhub.ops.resampling`).
 
     ``from_pretrained`` also takes a transformers ``MambaForCausalLM`` folder or Hub id (``model_type``
     ``"mamba"``): it is converted with :func:`~ssmhub.models.serpent.convert_mamba_checkpoint` into a
@@ -72,19 +73,17 @@ class SerpentForCausalLM(RecurrentForCausalLM, SerpentPreTrainedModel):
         if config.resampling_mode != "causal" and config.resampling_rates:
             raise ValueError(
                 f"SerpentForCausalLM needs SerpentConfig.resampling_mode='causal'; got {config.resampling_mode!r} "
-                "(the paper's faithful resampling reads up to ~1/(2κ) + K/2 future tokens, spec serpent.md §3; "
+                "(the paper's faithful resampling, Eq. 12 and 14b, reads up to ~1/(2κ) + K/2 future tokens; "
                 "use it for classification)"
             )
         super().__init__(config)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        from .convert_mamba import convert_mamba_checkpoint, is_mamba_checkpoint
-
         if kwargs.get("config") is None and is_mamba_checkpoint(pretrained_model_name_or_path, **kwargs):
             if model_args:
                 raise ValueError("converting a Mamba checkpoint takes no positional model arguments")
-            return convert_mamba_checkpoint(pretrained_model_name_or_path, **kwargs)
+            return serpent_from_mamba(cls, pretrained_model_name_or_path, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
 

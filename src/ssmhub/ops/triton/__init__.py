@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from ..fftconv import _check_conv_args, conv_circulant, fft_size
+from ..circulant import check_conv_args, conv_circulant, dft_matrix, fft_size, twiddle_matrix
 from ..precision import float32_math
 
 __all__ = ["MAX_FFT_SIZE", "MIN_FFT_SIZE", "can_run", "triton_available", "triton_conv"]
@@ -95,11 +95,9 @@ def _split(n: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=32)
 def _tables(n1: int, n2: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """F_{N1}, F_{N2} and the (N1, N2) twiddles T[k1, n2] = ω_N^{k1·n2}, as float32 (real, imag) pairs."""
-    from ..butterfly import _twiddle, dft_matrix
-
     out = []
     with torch.inference_mode(False):  # cached: must not be inference tensors (see butterfly._plan_cached)
-        for matrix in (dft_matrix(n1), dft_matrix(n2), _twiddle(n1, n2, "cpu")):
+        for matrix in (dft_matrix(n1), dft_matrix(n2), twiddle_matrix(n1, n2, "cpu")):
             out += [matrix.real.contiguous().to(device), matrix.imag.contiguous().to(device)]
     return tuple(out)
 
@@ -186,7 +184,7 @@ def triton_conv(
         (…, H, L) in ``u.dtype``. Raises ValueError when the FFT size exceeds :data:`MAX_FFT_SIZE` or the
         device cannot run Triton (``fft_conv(backend="triton")`` falls back instead).
     """
-    _check_conv_args(u, kernel, kernel_backward)
+    check_conv_args(u, kernel, kernel_backward)
     heads, seq_len = u.shape[-2], u.shape[-1]
     if skip is not None and tuple(skip.shape) != (heads,):
         raise ValueError(f"skip must have shape ({heads},); got {tuple(skip.shape)}")

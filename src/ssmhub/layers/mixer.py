@@ -1,0 +1,211 @@
+"""The token-mixer protocol, written once: every mixer in :mod:`ssmhub.layers` subclasses :class:`TokenMixer`.
+
+A token mixer maps a sequence ``x`` (B, L, hidden_size) to ``y`` (B, L, output_size) and carries a state of
+fixed layout from one call to the next, so a prefill hands over to token-by-token decoding::
+
+    y, state = mixer(x, mask, return_state=True)          # a whole sequence (training, or a prompt)
+    y_t, state = mixer.step(x_t, state)                    # one more token, O(1) in the context length
+    state = mixer.init_state(batch_size, device, dtype)    # the state before the first token
+
+What the base class does, for every mixer: checks ``x``, ``mask`` and ``state`` before any work; zeroes the
+masked positions of ``x`` (padding is the mixer's job: a masked position must add nothing to any state); sends a
+one-token call with a state to ``_step``; allocates and checks states from one declared layout; refuses states
+to a mixer that reads later tokens; and implements the two hooks long documents and exact rollback need:
+
+- ``document_starts`` (B, L) bool: a packed row holds several documents back to back; at every True position
+  each state restarts as at the start of a sequence (:meth:`TokenMixer.reset_state`).
+- :meth:`TokenMixer.forward_with_history`: the states after each of the last k positions, so a cache can roll
+  back exactly to any of them (assisted and prompt-lookup decoding).
+
+Both run here through the mixer's own one-token recurrence; a mixer may override ``_forward_documents`` or
+``forward_with_history`` with a faster form of the same numbers.
+
+How a new mixer joins:
+
+1. subclass :class:`TokenMixer`; set ``self.hidden_size`` (the width of x) in ``__init__`` (``output_size``,
+   the width of y, is ``hidden_size`` unless the mixer says otherwise); set ``causal = False`` if an output
+   may depend on later tokens (then it has no state);
+2. implement ``_forward(x, mask, state, return_state) -> (y, new_state or None)``: ``x`` is checked and its
+   masked positions are zero, ``state`` is None (start of the sequence) or checked;
+3. implement ``_step(x_t, state, mask_t) -> (y_t, new_state)``: ``x_t``'s masked rows are zero already;
+   ``mask_t`` (None or (B,)) is there for a mixer that must do more at a masked position (hold its state);
+4. declare the state in ``state_layout(batch_size, dtype) -> {name: (shape, dtype)}``; ``None`` in a shape is a
+   length that grows (attention's keys); :meth:`init_state` fills the layout with zeros, override it where the
+   state before the first token is not zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["MixerState", "StateLayout", "TokenMixer", "check_mixer_inputs"]
+
+MixerState = dict[str, torch.Tensor]
+StateLayout = dict[str, tuple[tuple[int | None, ...], torch.dtype]]
+
+
+def check_mixer_inputs(x: torch.Tensor, mask: torch.Tensor | None, hidden_size: int) -> None:
+    """Raise a ValueError unless x is (B, L, hidden_size) and mask is None or (B, L)."""
+    if x.dim() != 3 or x.shape[-1] != hidden_size:
+        raise ValueError(f"x must have shape (B, L, {hidden_size}); got {tuple(x.shape)}")
+    if mask is not None and mask.shape != x.shape[:2]:
+        raise ValueError(f"mask must have shape {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
+
+
+def _rows(keep: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A (B,) bool as (B, 1, ..., 1) to broadcast against a batch-first state tensor."""
+    return keep.view(-1, *[1] * (like.dim() - 1))
+
+
+class TokenMixer(nn.Module):
+    """Base class of every ssmhub token mixer: the protocol of this module's docstring, in one place."""
+
+    hidden_size: int  # the width of x
+    causal: bool = True  # False: an output may depend on later tokens, so there is no state to carry
+
+    # ----------------------------------------------------------------------------- what a mixer implements
+    def _forward(self, x: torch.Tensor, mask, state, return_state: bool) -> tuple[torch.Tensor, MixerState | None]:
+        raise NotImplementedError(f"{type(self).__name__} must implement _forward")
+
+    def _step(self, x_t: torch.Tensor, state: MixerState, mask_t) -> tuple[torch.Tensor, MixerState]:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step")
+
+    def state_layout(self, batch_size: int, dtype: torch.dtype | None = None) -> StateLayout:
+        """``{name: (shape, dtype)}`` of the state; ``dtype`` is the activations' (recurrent states ignore it)."""
+        raise NotImplementedError(f"{type(self).__name__} must declare its state_layout")
+
+    def noncausal_reason(self) -> str:
+        """Why a non-causal mixer has no state (its error message names the option that made it so)."""
+        return f"{type(self).__name__} reads later tokens"
+
+    # ----------------------------------------------------------------------------- the protocol
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: MixerState | None = None,
+        return_state: bool = False,
+        document_starts: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, MixerState | None]:
+        """Mix a whole sequence.
+
+        Args:
+            x: (B, L, hidden_size). mask: (B, L), 1 for real tokens, 0 for padding (adds nothing to any state).
+            state: the state after earlier tokens (:meth:`init_state`, a previous forward or :meth:`step`),
+                or None for the start of a sequence.
+            return_state: also return the state after the last token.
+            document_starts: (B, L) bool, True where a packed row starts a new document: every state restarts
+                there as at a sequence start.
+
+        Returns: ``(y (B, L, output_size), new_state or None)``.
+        """
+        check_mixer_inputs(x, mask, self.hidden_size)
+        if state is not None or return_state:
+            self._require_state()
+        if state is not None:
+            self.check_state(state, x.shape[0])
+        if mask is not None:
+            x = x * mask.unsqueeze(-1).to(x.dtype)
+        if document_starts is not None:
+            if document_starts.shape != x.shape[:2]:
+                raise ValueError(
+                    f"document_starts must have shape {tuple(x.shape[:2])}; got {tuple(document_starts.shape)}"
+                )
+            return self._forward_documents(x, mask, state, return_state, document_starts.to(torch.bool))
+        if state is not None and x.shape[1] == 1:
+            y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
+            return y_t.unsqueeze(1), (new_state if return_state else None)
+        return self._forward(x, mask, state, return_state)
+
+    def step(self, x_t: torch.Tensor, state: MixerState) -> tuple[torch.Tensor, MixerState]:
+        """One token: x_t (B, hidden_size) and the state after the previous token -> (y_t (B, output_size),
+        the state after x_t). Equals :meth:`forward` on the whole sequence at that position."""
+        self._require_state()
+        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
+            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
+        self.check_state(state, x_t.shape[0])
+        return self._step(x_t, state, None)
+
+    def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> MixerState:
+        """The state before the first token: zeros of :meth:`state_layout` (a growing length starts at 0), on
+        ``device`` (default: the mixer's)."""
+        self._require_state()
+        if device is None:
+            device = next((p.device for p in self.parameters()), None)
+        return {
+            name: torch.zeros([0 if n is None else n for n in shape], dtype=kind, device=device)
+            for name, (shape, kind) in self.state_layout(batch_size, dtype).items()
+        }
+
+    def check_state(self, state: MixerState, batch_size: int) -> None:
+        """Raise a ValueError unless ``state`` holds exactly the layout's tensors, in its shapes."""
+        layout = self.state_layout(batch_size)
+        expected = {name: shape for name, (shape, _) in layout.items()}
+        got = {name: tuple(value.shape) for name, value in state.items()}
+        fits = got.keys() == expected.keys() and all(
+            len(got[name]) == len(shape) and all(e is None or e == g for e, g in zip(shape, got[name]))
+            for name, shape in expected.items()
+        )
+        if not fits:
+            raise ValueError(f"state must hold tensors of shapes {expected}; got {got}")
+
+    def reset_state(self, state: MixerState, rows: torch.Tensor) -> MixerState:
+        """The state with ``rows`` (B,) bool set back to the state before a first token (document starts)."""
+        fresh = self.init_state(rows.shape[0], device=rows.device)
+        return {
+            name: torch.where(_rows(rows, value), fresh[name].to(value.dtype), value) for name, value in state.items()
+        }
+
+    def _require_state(self) -> None:
+        if not self.causal:
+            raise ValueError(f"{self.noncausal_reason()}: it has no recurrent state to carry or step")
+
+    # ----------------------------------------------------------------------------- long documents, rollback
+    def _forward_documents(self, x, mask, state, return_state, starts):
+        """Packed rows through the one-token recurrence, restarting every state at a document start.
+
+        The reference form of packing, exact for every causal mixer; a mixer may override it with a parallel
+        form of the same numbers.
+        """
+        self._require_state()
+        if state is None:
+            state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        outputs = []
+        for t in range(x.shape[1]):
+            state = self.reset_state(state, starts[:, t])
+            y_t, state = self._step(x[:, t], state, None if mask is None else mask[:, t])
+            outputs.append(y_t)
+        return torch.stack(outputs, 1), (state if return_state else None)
+
+    def forward_with_history(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        state: MixerState | None = None,
+        num_states: int = 1,
+    ) -> tuple[torch.Tensor, list[MixerState]]:
+        """Like ``forward(..., return_state=True)``, but returns the states after each of the last
+        ``num_states`` positions, oldest first (the last is the state after x): a cache keeps them to roll
+        back exactly to any of those positions.
+
+        Args: x (B, L, hidden_size); mask (B, L) or None; state as in :meth:`forward`;
+            num_states: 1 <= num_states <= L.
+        Returns: ``(y (B, L, output_size), [state after position L − num_states, ..., state after L − 1])``.
+        """
+        check_mixer_inputs(x, mask, self.hidden_size)
+        length = x.shape[1]
+        if isinstance(num_states, bool) or not isinstance(num_states, int) or not 1 <= num_states <= length:
+            raise ValueError(f"num_states must be an integer in [1, {length}] (the length of x); got {num_states!r}")
+        head = length - num_states
+        outputs, states = [], []
+        if head:
+            y, state = self(x[:, :head], None if mask is None else mask[:, :head], state, return_state=True)
+            outputs.append(y)
+        elif state is None:
+            state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        for t in range(head, length):
+            y_t, state = self(x[:, t : t + 1], None if mask is None else mask[:, t : t + 1], state, return_state=True)
+            outputs.append(y_t)
+            states.append(state)
+        return torch.cat(outputs, 1), states

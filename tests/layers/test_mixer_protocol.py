@@ -1,0 +1,163 @@
+"""The token-mixer protocol (ssmhub.layers.mixer.TokenMixer), checked once for every mixer.
+
+Each property is held to an independent form of the same numbers: packed documents to each document run
+alone, the history of states to prefixes run alone, the declared layout to what a forward returns.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ssmhub.layers import (
+    BDLRNNMixer,
+    CausalSelfAttention,
+    DLRMixer,
+    H3Mixer,
+    MambaMixer,
+    ResamplingBranch,
+    SerpentMixer,
+)
+from ssmhub.layers.mixer import TokenMixer
+
+WIDTH = 12
+TOL = 1e-5  # recurrent states are float32 (complex64): the recurrence and its parallel form agree to that
+
+MIXERS = {
+    "dlr": lambda: DLRMixer(WIDTH, state_size=4),
+    "dlr-prod": lambda: DLRMixer(WIDTH, state_size=3, kernel_type="prod"),
+    "bdlrnn": lambda: BDLRNNMixer(WIDTH, block_size=4, transition_hidden_size=16),
+    "attention": lambda: CausalSelfAttention(WIDTH, num_heads=3),
+    "h3": lambda: H3Mixer(WIDTH, max_kernel_length=6, num_heads=4, squash_lambda=0.0),
+    "h3-ssm": lambda: H3Mixer(WIDTH, max_kernel_length=6, kernel_type="diagonal_ssm", ssm_state_size=4),
+    "mamba": lambda: MambaMixer(WIDTH, 2 * WIDTH, state_size=4),
+    "resampling-branch": lambda: ResamplingBranch(
+        WIDTH, 4, 0.5, window=3, num_features=2, mode="causal", mamba_kwargs={"intermediate_size": 8, "state_size": 4}
+    ),
+    "serpent": lambda: SerpentMixer(WIDTH, resampling_rates=[0.5], resampling_window=3, num_distance_features=2),
+}
+NONCAUSAL = {
+    "dlr-bidirectional": (lambda: DLRMixer(WIDTH, state_size=4, bidirectional=True), "bidirectional"),
+    "serpent-faithful": (
+        lambda: SerpentMixer(WIDTH, resampling_rates=[0.5], resampling_window=3, resampling_mode="faithful"),
+        "resampling_mode='causal'",
+    ),
+}
+
+
+@pytest.fixture(params=sorted(MIXERS), ids=str)
+def mixer(request) -> TokenMixer:
+    torch.manual_seed(0)
+    return MIXERS[request.param]().double().eval()
+
+
+def _inputs(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, length, WIDTH, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+def _assert_states_equal(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=TOL, rtol=TOL, msg=name)
+
+
+def test_every_mixer_subclasses_the_protocol(mixer):
+    assert isinstance(mixer, TokenMixer)
+
+
+def test_init_state_follows_the_declared_layout(mixer):
+    state = mixer.init_state(3)
+    layout = mixer.state_layout(3)
+    assert state.keys() == layout.keys()
+    for name, (shape, dtype) in layout.items():
+        assert state[name].dtype == dtype, name
+        assert tuple(state[name].shape) == tuple(0 if n is None else n for n in shape), name
+    _, returned = mixer(_inputs(3, 5), return_state=True)
+    mixer.check_state(returned, 3)  # a forward's state passes the same check a step makes
+
+
+def test_a_state_of_the_wrong_layout_is_refused_before_any_work(mixer):
+    state = mixer.init_state(2)
+    name = next(iter(state))
+    with pytest.raises(ValueError, match="state must hold"):
+        mixer(_inputs(2, 3), state={**state, name: state[name][:1]})
+    with pytest.raises(ValueError, match="state must hold"):
+        mixer.step(_inputs(2, 1)[:, 0], {k: v for k, v in state.items() if k != name})
+    with pytest.raises(ValueError, match="x_t must have shape"):
+        mixer.step(_inputs(2, 2), state)
+    with pytest.raises(ValueError, match="x must have shape"):
+        mixer(_inputs(2, 3)[..., :-1])
+
+
+def test_packed_documents_equal_each_document_alone(mixer):
+    """A row holding documents of lengths 3, 4, 2 back to back gives, on every position, what each document
+    gives when run alone from the start; its final state continues as the last document's does (attention keeps
+    the earlier documents' keys, masked, so the states are equivalent rather than equal)."""
+    lengths = [3, 4, 2]
+    x = _inputs(2, sum(lengths))
+    starts = torch.zeros(2, sum(lengths), dtype=torch.bool)
+    starts[:, [0, 3, 7]] = True
+    y, state = mixer(x, state=None, return_state=True, document_starts=starts)
+    begin = 0
+    for length in lengths:
+        alone, alone_state = mixer(x[:, begin : begin + length], return_state=True)
+        torch.testing.assert_close(y[:, begin : begin + length], alone, atol=TOL, rtol=TOL)
+        begin += length
+    more = _inputs(2, 3, seed=3)
+    torch.testing.assert_close(mixer(more, state=state)[0], mixer(more, state=alone_state)[0], atol=TOL, rtol=TOL)
+
+
+def test_a_document_start_in_one_row_leaves_the_other_row_alone(mixer):
+    x = _inputs(2, 6)
+    starts = torch.zeros(2, 6, dtype=torch.bool)
+    starts[0, 0] = starts[1, 0] = starts[1, 4] = True
+    y = mixer(x, document_starts=starts)[0]
+    torch.testing.assert_close(y[0], mixer(x[:1])[0][0], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(y[1, 4:], mixer(x[1:, 4:])[0][0], atol=TOL, rtol=TOL)
+
+
+def test_history_holds_the_state_after_each_of_the_last_positions(mixer):
+    """``forward_with_history`` equals ``forward`` on outputs, and its k states equal the states of the
+    prefixes of length L − k + 1 .. L run alone, continuing from a prefilled state."""
+    x = _inputs(2, 7)
+    prefix_state = mixer(_inputs(2, 3, seed=2), return_state=True)[1]
+    y, states = mixer.forward_with_history(x, state=prefix_state, num_states=3)
+    torch.testing.assert_close(y, mixer(x, state=prefix_state)[0], atol=TOL, rtol=TOL)
+    assert len(states) == 3
+    for i, state in enumerate(states):
+        end = 7 - 3 + i + 1
+        _assert_states_equal(state, mixer(x[:, :end], state=prefix_state, return_state=True)[1])
+
+
+def test_history_of_every_position_from_the_start(mixer):
+    x = _inputs(1, 4)
+    y, states = mixer.forward_with_history(x, num_states=4)
+    torch.testing.assert_close(y, mixer(x)[0], atol=TOL, rtol=TOL)
+    _assert_states_equal(states[0], mixer(x[:, :1], return_state=True)[1])
+
+
+@pytest.mark.parametrize("num_states", [0, 5, 1.5, True])
+def test_history_length_must_fit_the_input(mixer, num_states):
+    with pytest.raises(ValueError, match="num_states"):
+        mixer.forward_with_history(_inputs(1, 4), num_states=num_states)
+
+
+def test_document_starts_of_the_wrong_shape_are_refused(mixer):
+    with pytest.raises(ValueError, match="document_starts must have shape"):
+        mixer(_inputs(2, 4), document_starts=torch.zeros(2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", sorted(NONCAUSAL))
+def test_a_mixer_that_reads_later_tokens_has_no_state(name):
+    build, says = NONCAUSAL[name]
+    mixer = build()
+    x = torch.randn(1, 4, WIDTH)
+    assert mixer(x)[0].shape == (1, 4, WIDTH)  # it mixes, statelessly
+    for call in (
+        lambda: mixer.init_state(1),
+        lambda: mixer(x, return_state=True),
+        lambda: mixer.step(x[:, 0], {}),
+        lambda: mixer(x, document_starts=torch.ones(1, 4, dtype=torch.bool)),
+    ):
+        with pytest.raises(ValueError, match=says):
+            call()
