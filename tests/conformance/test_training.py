@@ -144,7 +144,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(any_model):
     loss.backward()
     torch.testing.assert_close(loss, expected_loss, atol=0, rtol=1e-6)
     for name, param in any_model.named_parameters():
-        torch.testing.assert_close(param.grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(param.grad, expected[name], atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_optimizer_param_groups(any_model):

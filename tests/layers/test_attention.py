@@ -96,7 +96,7 @@ def test_left_padding_gives_the_numbers_of_the_row_alone():
 def test_prefill_steps_and_chunks_equal_the_full_forward():
     """From an empty cache: a left-padded prefill, single tokens through ``step`` and a last chunk through
     ``forward``. Outputs and gradients equal the full forward's; the cache holds every token's key and value (the
-    fused projection's k and v rows, per head, padded tokens included) and the padding mask."""
+    fused projection's k and v rows, per head, of the inputs with padding zeroed) and the padding mask."""
     attn = _attention()
     x, mask = _inputs(length=12)
     weight = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)) * mask[..., None]
@@ -118,7 +118,7 @@ def test_prefill_steps_and_chunks_equal_the_full_forward():
     for grad_split, grad_full in zip(_grads(attn, x_split, y_split, weight), _grads(attn, x_full, y_full, weight)):
         scaled_close(grad_split, grad_full, 1e-5, "grad split")  # summation order varies with the thread count
 
-    _, k_expected, v_expected = _projections(attn, x)
+    _, k_expected, v_expected = _projections(attn, x * mask[..., None])  # the protocol zeroes padded inputs
     for cache in (state, state_full):
         scaled_close(cache["key"].detach(), k_expected.detach(), 1e-5, "cached keys")
         scaled_close(cache["value"].detach(), v_expected.detach(), 1e-5, "cached values")

@@ -12,7 +12,6 @@ import torch
 from comparisons import scaled_close
 from fftconv_helpers import assert_fp32_conv_under_autocast
 
-import ssmhub.ops.butterfly as butterfly_module
 import ssmhub.ops.fftconv as fftconv_module
 import ssmhub.ops.triton as triton_ops
 from ssmhub.ops.fftconv import BackendFallbackWarning, fft_conv, fft_conv_ref, fft_size
@@ -50,7 +49,8 @@ def fresh_fallback_warnings():
 @pytest.fixture
 def backends_run(monkeypatch):
     """The implementations that computed this test's fft_conv calls, in call order: spies on the three that
-    fft_conv hands a call to and looks up at call time (torch.fft's autograd Function, butterfly_conv, triton_conv)."""
+    fft_conv hands a call to, under the names the dispatcher calls them by (torch.fft's autograd Function,
+    butterfly_conv, triton_conv)."""
     ran = []
 
     def spy(name, owner, attribute):
@@ -64,8 +64,8 @@ def backends_run(monkeypatch):
         monkeypatch.setattr(owner, attribute, recorded)
 
     spy("torch", fftconv_module._CirculantConv, "apply")
-    spy("butterfly", butterfly_module, "butterfly_conv")
-    spy("triton", triton_ops, "triton_conv")
+    spy("butterfly", fftconv_module, "butterfly_conv")
+    spy("triton", fftconv_module, "triton_conv")
     return ran
 
 
