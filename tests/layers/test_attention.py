@@ -17,7 +17,7 @@ HIDDEN, HEADS = 16, 4  # head size 4: 1/√d_h and 1/d_h differ by a factor of 2
 
 def _attention(seed=0):
     torch.manual_seed(seed)
-    return CausalSelfAttention(HIDDEN, HEADS).eval()
+    return CausalSelfAttention(HIDDEN, num_attention_heads=HEADS).eval()
 
 
 def _inputs(batch=2, length=11, pad=3, seed=1):
@@ -128,7 +128,7 @@ def test_prefill_steps_and_chunks_equal_the_full_forward():
 def test_init_state_is_empty_and_bad_arguments_are_named():
     state = _attention().init_state(3)
     assert state["key"].shape == (3, HEADS, 0, HIDDEN // HEADS) and state["key_mask"].shape == (3, 0)
-    with pytest.raises(ValueError, match="num_heads"):
-        CausalSelfAttention(HIDDEN, 3)
-    with pytest.raises(ValueError, match="dropout"):
-        CausalSelfAttention(HIDDEN, HEADS, dropout=1.0)
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        CausalSelfAttention(HIDDEN, num_attention_heads=3)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        CausalSelfAttention(HIDDEN, num_attention_heads=HEADS, attention_dropout=1.0)

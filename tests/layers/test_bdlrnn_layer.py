@@ -331,7 +331,7 @@ def test_code_normalisation_keeps_the_permutation_automaton_up_to_a_contraction(
 def test_bad_options_raise_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"BDLRNNConfig.{field}"):
         BDLRNNConfig(**{"vocab_size": 8, "hidden_size": 16, **kwargs})
-    with pytest.raises(ValueError, match=f"BDLRNNMixer.{field}"):
+    with pytest.raises(ValueError, match="hidden_size" if field == "hidden_size" else f"BDLRNNOptions.{field}"):
         BDLRNNMixer(**{"hidden_size": 16, **kwargs})
 
 

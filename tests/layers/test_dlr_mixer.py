@@ -109,7 +109,7 @@ def test_state_size_is_independent_of_length():
 )
 def test_bad_options_raise(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        DLRMixer(8, 4, **kwargs)
+        DLRMixer(8, state_size=4, **kwargs)
 
 
 def test_prod_decoding_memo_follows_parameter_updates():

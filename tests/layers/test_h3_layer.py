@@ -57,8 +57,8 @@ def _naive_mix(mixer, q, k, v, long_kernel=None):
     "options",
     [
         {},
-        {"num_heads": 2},  # head dim 4: the outer-product state
-        {"num_heads": 1, "shift_kernel_size": 1},
+        {"ssm_num_heads": 2},  # head dim 4: the outer-product state
+        {"ssm_num_heads": 1, "shift_kernel_size": 1},
         {"squash_lambda": 0.1, "smooth_width": 1, "kernel_init": "random"},
         {"regularize_shift_kernel": True, "shift_kernel_size": 16, "smooth_width": 2, "smooth_domain": "frequency"},
     ],
@@ -77,9 +77,9 @@ def test_kernel_is_the_regularized_parameter():
     assert (mixer.kernel(16) == 0).any()
 
 
-@pytest.mark.parametrize("num_heads", [None, 2])
-def test_step_by_step_equals_forward(num_heads):
-    mixer = _mixer(num_heads=num_heads)
+@pytest.mark.parametrize("ssm_num_heads", [None, 2])
+def test_step_by_step_equals_forward(ssm_num_heads):
+    mixer = _mixer(ssm_num_heads=ssm_num_heads)
     x = torch.randn(2, 20, 8)  # longer than max_kernel_length = 16: the window drops the oldest input
     y_full, _ = mixer(x)
     state = mixer.init_state(2)
@@ -89,9 +89,9 @@ def test_step_by_step_equals_forward(num_heads):
             torch.testing.assert_close(y_t, y_full[:, t], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("num_heads", [None, 4])
-def test_prefill_then_steps_equals_forward(num_heads):
-    mixer = _mixer(num_heads=num_heads, max_kernel_length=7, shift_kernel_size=3)
+@pytest.mark.parametrize("ssm_num_heads", [None, 4])
+def test_prefill_then_steps_equals_forward(ssm_num_heads):
+    mixer = _mixer(ssm_num_heads=ssm_num_heads, max_kernel_length=7, shift_kernel_size=3)
     x = torch.randn(2, 24, 8)
     y_full, final_full = mixer(x, return_state=True)
     y_a, state = mixer(x[:, :9], return_state=True)
@@ -108,7 +108,7 @@ def test_prefill_then_steps_equals_forward(num_heads):
 
 
 def test_left_padded_row_equals_unpadded_row():
-    mixer = _mixer(num_heads=4)
+    mixer = _mixer(ssm_num_heads=4)
     pad, length = 5, 9
     x = torch.randn(1, length, 8)
     garbage = 100 * torch.randn(1, pad, 8)  # whatever sits under the padding must not matter
@@ -167,7 +167,7 @@ def test_gradients_reach_the_kernels():
     "options",
     [
         {"squash_lambda": 0.1},  # the default direct shift FIR; squashed taps get no gradient
-        {"num_heads": 2, "regularize_shift_kernel": True, "shift_kernel_size": 16, "max_kernel_length": 7},
+        {"ssm_num_heads": 2, "regularize_shift_kernel": True, "shift_kernel_size": 16, "max_kernel_length": 7},
     ],
     ids=["heads_of_1_direct_shift", "heads_of_4_fft_shift"],
 )
@@ -191,7 +191,7 @@ def test_gradients_match_naive_equations(options):
 def test_direct_shift_equals_fft_shift(shift_kernel_size, length):
     """The direct FIR of a short shift kernel (the default) against the FFT path it replaces: outputs,
     final windows and every gradient, from a zero start and from a state."""
-    mixer = _mixer(shift_kernel_size=shift_kernel_size, num_heads=4)
+    mixer = _mixer(shift_kernel_size=shift_kernel_size, ssm_num_heads=4)
     assert mixer.direct_shift
     x = torch.randn(2, length, 8)  # 3: shorter than a 16-tap window
     state = {name: torch.randn_like(value) for name, value in mixer.init_state(2).items()}
@@ -243,7 +243,7 @@ def test_bf16_autocast_keeps_convolutions_in_float32():
     error: 2e-7 as it is; 4e-3 if the long convolution's input is rounded to bf16, 5.5e-3 if its output is too
     (a bf16 convolution). The output y differs from the fp32 layer's by about 6e-3 of ‖y‖ either way (the
     projections' rounding), so y alone cannot tell a bf16 convolution from a float32 one."""
-    mixer = _mixer(num_heads=2)
+    mixer = _mixer(ssm_num_heads=2)
     x = torch.randn(2, 12, 8)
     with torch.no_grad():
         y32, state32 = mixer(x, return_state=True)
@@ -287,8 +287,8 @@ def test_bf16_autocast_keeps_convolutions_in_float32():
         ({"squash_lambda": -0.1}, "squash_lambda"),
         ({"smooth_width": -1}, "smooth_width"),
         ({"kernel_dropout": 1.5}, "kernel_dropout"),
-        ({"num_heads": 3}, "num_heads"),
-        ({"num_heads": 0}, "num_heads"),
+        ({"ssm_num_heads": 3}, "ssm_num_heads"),
+        ({"ssm_num_heads": 0}, "ssm_num_heads"),
         ({"kernel_init": "s4"}, "kernel_init"),
         ({"smooth_domain": "space"}, "smooth_domain"),
         ({"kernel_regularization_order": ("squash", "blur")}, "regularization_order"),

@@ -12,12 +12,12 @@ from transformers.models.mamba.modeling_mamba import MambaMixer as TransformersM
 
 from ssmhub.layers.mamba import MambaMixer
 
-HIDDEN, INNER, STATE = 16, 32, 4
+HIDDEN, STATE = 16, 4  # inner width expand × HIDDEN = 32
 
 
 def make_mixer(seed=0, **kwargs):
     torch.manual_seed(seed)
-    mixer = MambaMixer(HIDDEN, INNER, state_size=STATE, **kwargs)
+    mixer = MambaMixer(HIDDEN, state_size=STATE, **kwargs)
     with torch.no_grad():  # move Δ away from its tiny init so that the state carries real history
         mixer.dt_proj.bias.add_(2.0)
         mixer.ssm.D.normal_()
@@ -27,7 +27,7 @@ def make_mixer(seed=0, **kwargs):
 def test_matches_transformers_mamba_mixer():
     config = MambaConfig(hidden_size=HIDDEN, state_size=STATE, expand=2, num_hidden_layers=1, use_mambapy=False)
     theirs = TransformersMambaMixer(config, layer_idx=0).eval()
-    ours = MambaMixer(HIDDEN, INNER, state_size=STATE, time_step_rank=int(config.time_step_rank))
+    ours = MambaMixer(HIDDEN, state_size=STATE, time_step_rank=int(config.time_step_rank))
     state = {k if k not in ("A_log", "D") else f"ssm.{k}": v for k, v in theirs.state_dict().items()}
     ours.load_state_dict(state, strict=True)
     x = torch.randn(3, 29, HIDDEN)
@@ -146,7 +146,7 @@ def test_padding_leaves_the_state_unchanged_in_a_step():
 
 
 def test_output_size_and_time_step_init():
-    mixer = MambaMixer(HIDDEN, INNER, state_size=STATE, output_size=8)
+    mixer = MambaMixer(HIDDEN, state_size=STATE, output_size=8)
     y, _ = mixer(torch.randn(2, 5, HIDDEN))
     assert y.shape == (2, 5, 8)
     assert mixer.time_step_rank == 1  # ⌈16 / 16⌉
@@ -167,4 +167,4 @@ def test_output_size_and_time_step_init():
 )
 def test_bad_arguments_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        MambaMixer(HIDDEN, INNER, **kwargs)
+        MambaMixer(HIDDEN, **kwargs)

@@ -27,12 +27,12 @@ MIXERS = {
     "dlr": lambda: DLRMixer(WIDTH, state_size=4),
     "dlr-prod": lambda: DLRMixer(WIDTH, state_size=3, kernel_type="prod"),
     "bdlrnn": lambda: BDLRNNMixer(WIDTH, block_size=4, transition_hidden_size=16),
-    "attention": lambda: CausalSelfAttention(WIDTH, num_heads=3),
-    "h3": lambda: H3Mixer(WIDTH, max_kernel_length=6, num_heads=4, squash_lambda=0.0),
+    "attention": lambda: CausalSelfAttention(WIDTH, num_attention_heads=3),
+    "h3": lambda: H3Mixer(WIDTH, max_kernel_length=6, ssm_num_heads=4, squash_lambda=0.0),
     "h3-ssm": lambda: H3Mixer(WIDTH, max_kernel_length=6, kernel_type="diagonal_ssm", ssm_state_size=4),
-    "mamba": lambda: MambaMixer(WIDTH, 2 * WIDTH, state_size=4),
+    "mamba": lambda: MambaMixer(WIDTH, state_size=4),
     "resampling-branch": lambda: ResamplingBranch(
-        WIDTH, 4, 0.5, window=3, num_features=2, mode="causal", mamba_kwargs={"intermediate_size": 8, "state_size": 4}
+        WIDTH, 4, 0.5, resampling_window=3, num_distance_features=2, expand=2, state_size=4
     ),
     "serpent": lambda: SerpentMixer(WIDTH, resampling_rates=[0.5], resampling_window=3, num_distance_features=2),
 }

@@ -25,7 +25,7 @@ def tiny_config(**overrides):
 
 def test_distilled_layer_decodes_like_its_forward():
     torch.manual_seed(0)
-    mixer = H3Mixer(8, 32, num_heads=4, squash_lambda=0.0).eval()
+    mixer = H3Mixer(8, max_kernel_length=32, ssm_num_heads=4, squash_lambda=0.0).eval()
     errors = mixer.distill(6)
     assert errors.shape == (4,) and torch.all(errors >= 0)
     x = torch.randn(2, 20, 8)
@@ -92,7 +92,7 @@ def test_bad_requests():
         ssmhub.H3ForCausalLM(tiny_config()).distill_for_decoding(0)
     with pytest.raises(ValueError, match="attention_layers holds 5"):
         tiny_config(attention_layers=[5])
-    with pytest.raises(ValueError, match="max_kernel_length must be positive"):
+    with pytest.raises(ValueError, match="max_kernel_length must be an integer >= 1"):
         tiny_config(max_kernel_length=0)
-    with pytest.raises(ValueError, match="squash_lambda must be non-negative"):
+    with pytest.raises(ValueError, match="squash_lambda must be a non-negative number"):
         tiny_config(squash_lambda=-0.1)

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_options import AttentionOptions
 from .mixer import TokenMixer
 
-__all__ = ["CausalSelfAttention"]
+__all__ = ["AttentionOptions", "CausalSelfAttention"]
 
 
 class CausalSelfAttention(TokenMixer):
@@ -28,19 +29,17 @@ class CausalSelfAttention(TokenMixer):
 
     Args:
         hidden_size: model width d.
-        num_heads: number of heads (must divide d).
-        dropout: attention-probability dropout in training.
+        options: an :class:`AttentionOptions` (heads, dropout; or a config holding them); ``**values`` override
+            single fields.
         bias: biases in the q/k/v and output projections.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, hidden_size: int, options: AttentionOptions | None = None, *, bias: bool = True, **values):
         super().__init__()
-        if num_heads < 1 or hidden_size % num_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a positive divisor of hidden_size ({hidden_size})")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        options = AttentionOptions.take(options, **values)
+        options.check_options(hidden_size)
+        num_heads, self.dropout = options.num_attention_heads, options.attention_dropout
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
-        self.dropout = dropout
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 

@@ -35,33 +35,11 @@ from ..ops.block_norm import normalize_by_largest_column
 from ..ops.block_scan import block_scan, block_scan_ref, block_step
 from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
+from .bdlrnn_options import NORM_MODES, BDLRNNOptions
 from .initial_values import fill_initial_values
 from .mixer import TokenMixer
 
-__all__ = ["BDLRNNMixer", "normalize_blocks"]
-
-NORM_MODES = ("code", "paper")
-INPUT_MAPS = ("mlp", "linear")
-SCANS = ("auto", "parallel", "sequential")
-
-
-def _check_block_options(
-    hidden_size: int, block_size: int, p_norm: float, norm_mode: str, norm_eps: float, owner: str
-) -> None:
-    """Raise a ValueError naming the field (prefixed by ``owner``) whose value is bad."""
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"{owner}.block_size must be a positive integer; got {block_size!r}")
-    if hidden_size % block_size:
-        raise ValueError(f"{owner}.hidden_size ({hidden_size}) must be divisible by {owner}.block_size ({block_size})")
-    if not p_norm >= 1:
-        raise ValueError(f"{owner}.p_norm must be >= 1 (a p-norm); got {p_norm}")
-    if norm_mode not in NORM_MODES:
-        raise ValueError(f"{owner}.norm_mode must be one of {NORM_MODES}; got {norm_mode!r}")
-    if not norm_eps >= 0:
-        raise ValueError(f"{owner}.norm_eps must be non-negative; got {norm_eps}")
-    if norm_mode == "code" and block_size == 1:
-        # centring a 1×1 block makes it 0 and the division 0/0
-        raise ValueError(f"{owner}.block_size must be > 1 with norm_mode='code' (use norm_mode='paper' for b = 1)")
+__all__ = ["BDLRNNMixer", "BDLRNNOptions", "normalize_blocks"]
 
 
 @float32_math
@@ -107,63 +85,37 @@ class BDLRNNMixer(TokenMixer):
 
     Args:
         hidden_size: d = h·b, the model width (and the state size per sequence).
-        block_size: b, the size of each of the h = d / b diagonal blocks (the paper: 8).
-        p_norm: p of the column p-norm constraint (the paper: 1.2; p = 1 gives Eq. 7's stability guarantee).
-        norm_mode: ``"code"`` (centre columns, divide by the largest column p-norm; the authors' code,
-            default) or ``"paper"`` (Eq. 6, per column ``v / max(1, ‖v‖_p)``).
-        norm_eps: added to the denominator in ``"code"`` mode (0 as in the code).
-        transition_hidden_size: width of the transition MLP g (None: d·b, as in the code).
-        input_map: ``"mlp"`` (the code's ReLU MLP d→d→d for v_k) or ``"linear"`` (the paper's ``B u_k``).
-        learned_initial_state: learned x_0 initialised ``randn`` (the code) or x_0 = 0.
-        scan: ``"parallel"`` (log-depth scan), ``"sequential"`` (loop over time; same numbers) or
-            ``"auto"`` (default): parallel on CUDA, the loop on CPU, faster there at every length in
-            benchmarks/results/block_scan.md.
+        options: a :class:`BDLRNNOptions` (or a ``BDLRNNConfig``, which is one); ``**values`` override single
+            fields.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        block_size: int = 8,
-        p_norm: float = 1.2,
-        norm_mode: str = "code",
-        norm_eps: float = 0.0,
-        transition_hidden_size: int | None = None,
-        input_map: str = "mlp",
-        learned_initial_state: bool = True,
-        scan: str = "auto",
-    ):
+    def __init__(self, hidden_size: int, options: BDLRNNOptions | None = None, **values):
         super().__init__()
-        _check_block_options(hidden_size, block_size, p_norm, norm_mode, norm_eps, type(self).__name__)
-        if input_map not in INPUT_MAPS:
-            raise ValueError(f"{type(self).__name__}.input_map must be one of {INPUT_MAPS}; got {input_map!r}")
-        if scan not in SCANS:
-            raise ValueError(f"{type(self).__name__}.scan must be one of {SCANS}; got {scan!r}")
-        if transition_hidden_size is not None and transition_hidden_size < 1:
-            raise ValueError(
-                f"{type(self).__name__}.transition_hidden_size must be positive; got {transition_hidden_size}"
-            )
+        options = BDLRNNOptions.take(options, **values)
+        options.check_options(hidden_size)
+        block_size = options.block_size
         self.hidden_size = hidden_size
         self.block_size = block_size
         self.num_heads = hidden_size // block_size
-        self.p_norm = p_norm
-        self.norm_mode = norm_mode
-        self.norm_eps = norm_eps
-        self.input_map = input_map
-        self.scan = scan
-        transition_hidden_size = transition_hidden_size or hidden_size * block_size
+        self.p_norm = options.p_norm
+        self.norm_mode = options.norm_mode
+        self.norm_eps = options.norm_eps
+        self.input_map = options.input_map
+        self.scan = options.scan
+        transition_hidden_size = options.transition_hidden_size or hidden_size * block_size
         # g(u) = W_g2 ReLU(W_g1 u + c1) + c2, one b×b block per head (Eq. 5, A_k = g(u_k))
         self.transition = nn.Sequential(
             nn.Linear(hidden_size, transition_hidden_size),
             nn.ReLU(),
             nn.Linear(transition_hidden_size, self.num_heads * block_size * block_size),
         )
-        if input_map == "mlp":  # the code's v_k = W_v2 ReLU(W_v1 u + c3) + c4
+        if self.input_map == "mlp":  # the code's v_k = W_v2 ReLU(W_v1 u + c3) + c4
             self.in_proj = nn.Sequential(
                 nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size)
             )
         else:  # the paper's B u_k
             self.in_proj = nn.Linear(hidden_size, hidden_size, bias=False)
-        self.ssm = BDLRNNParameters(self.num_heads, block_size, learned_initial_state)
+        self.ssm = BDLRNNParameters(self.num_heads, block_size, options.learned_initial_state)
 
     # ----------------------------------------------------------------------------- transitions
     def transitions(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

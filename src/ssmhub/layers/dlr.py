@@ -28,13 +28,11 @@ from torch import nn
 
 from ..ops.dlr import dlr_init, dlr_kernel, dlr_scan, dlr_step, kronecker_dlr
 from ..ops.fftconv import fft_conv
+from .dlr_options import DLROptions
 from .initial_values import fill_initial_values
 from .mixer import TokenMixer
 
-__all__ = ["DLRMixer"]
-
-KERNEL_TYPES = ("real", "prod")
-SKIP_CONNECTIONS = ("identity", "learned")
+__all__ = ["DLRMixer", "DLROptions"]
 
 
 class DLRParameters(nn.Module):
@@ -86,56 +84,33 @@ class DLRMixer(TokenMixer):
 
     Args:
         hidden_size: H, the number of channels.
-        state_size: N, the number of complex states (and of Λ's eigenvalues) per layer.
-        kernel_type: ``"real"`` (DLR, ``Re K``) or ``"prod"`` (DLR-prod, ``Re K · Im K``, which
-            decodes with N² states per channel).
-        bidirectional: Eq. 5/6 instead of the causal Eq. 4.
-        bidirectional_shared_lambda: one Λ for both directions (Figure 4) or one each (Eq. 5).
-        skip_connection: ``"identity"`` (the paper's ``y + u``) or ``"learned"`` (``y + D ⊙ u``).
-        use_glu: output map H→2H followed by a GLU instead of H→H.
-        dropout: per-element dropout after the activation.
-        dt_min, dt_max: the range of ``e^r`` in the §2.3 initialization of ``logΛ_re``.
-        weight_std: std of Re W and Im W at initialization (default ``1/N``, §2.3).
+        options: a :class:`DLROptions` (or a ``DLRConfig``, which is one); ``**values`` override single fields.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        state_size: int,
-        kernel_type: str = "real",
-        bidirectional: bool = False,
-        bidirectional_shared_lambda: bool = True,
-        skip_connection: str = "identity",
-        use_glu: bool = False,
-        dropout: float = 0.0,
-        dt_min: float = 5e-4,
-        dt_max: float = 0.5,
-        weight_std: float | None = None,
-    ):
+    def __init__(self, hidden_size: int, options: DLROptions | None = None, **values):
         super().__init__()
-        if kernel_type not in KERNEL_TYPES:
-            raise ValueError(f"kernel_type must be one of {KERNEL_TYPES}; got {kernel_type!r}")
-        if skip_connection not in SKIP_CONNECTIONS:
-            raise ValueError(f"skip_connection must be one of {SKIP_CONNECTIONS}; got {skip_connection!r}")
+        options = DLROptions.take(options, **values)
+        options.check_options(hidden_size)
+        state_size, kernel_type, bidirectional = options.state_size, options.kernel_type, options.bidirectional
         self.hidden_size = hidden_size
         self.state_size = state_size
         self.kernel_type = kernel_type
         self.bidirectional = bidirectional
         self.num_directions = 2 if bidirectional else 1
-        self.num_lambdas = 2 if bidirectional and not bidirectional_shared_lambda else 1
+        self.num_lambdas = 2 if bidirectional and not options.bidirectional_shared_lambda else 1
         self.ssm = DLRParameters(
             hidden_size,
             state_size,
             self.num_lambdas,
             self.num_directions,
-            skip_connection == "learned",
-            dt_min,
-            dt_max,
-            weight_std,
+            options.skip_connection == "learned",
+            options.dt_min,
+            options.dt_max,
+            options.weight_std,
         )
-        self.dropout = nn.Dropout(dropout)
-        self.output_linear = nn.Linear(hidden_size, 2 * hidden_size if use_glu else hidden_size)
-        self.use_glu = use_glu
+        self.dropout = nn.Dropout(options.dropout)
+        self.use_glu = options.use_glu
+        self.output_linear = nn.Linear(hidden_size, 2 * hidden_size if self.use_glu else hidden_size)
         self.causal = not bidirectional
         self._kronecker_memo = None  # (parameter versions, recurrence) of DLR-prod, see _recurrence
 

@@ -40,19 +40,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.longconv import PAPER_ORDER, causal_conv_step
+from ..ops.longconv import causal_conv_step
 from ..ops.modal import ModalKernel, fit_modal_kernel, modal_kernel, modal_scan, modal_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .diagonal_ssm import DiagonalSSMKernel
+from .h3_options import H3Options
 from .longconv import LongConvKernel
+from .longconv_options import LongConvOptions
 from .mixer import TokenMixer
 
-__all__ = ["KERNEL_TYPES", "H3Mixer"]
-
-KERNEL_TYPES = ("long_conv", "diagonal_ssm")
+__all__ = ["H3Mixer", "H3Options"]
 # Longest unregularized shift kernel run as a direct FIR (H3Mixer._shift): up to this many taps, shifted
 # multiply-adds cost less than an FFT convolution of the whole sequence.
 DIRECT_SHIFT_MAX_TAPS = 16
+
+
+def _shift_kernel_options(options: H3Options) -> LongConvOptions:
+    """The shift kernel's options: the long kernel's with ``regularize_shift_kernel`` (safari's ``H3Conv``), else
+    H3's shift SSM, a Conv1d init without regularization, on the same FFT backend."""
+    if options.regularize_shift_kernel:
+        return LongConvOptions.take(options)
+    return LongConvOptions(
+        kernel_init="conv",
+        geometric_convention=options.geometric_convention,
+        fft_backend=options.fft_backend,
+        butterfly_block_size=options.butterfly_block_size,
+    )
 
 
 class ModalForm(nn.Module):
@@ -76,112 +89,30 @@ class H3Mixer(TokenMixer):
 
     Args:
         hidden_size: d.
-        max_kernel_length: L_max, the learned taps of the long convolution (inputs may be longer).
-        num_heads: H heads of size d/H. None (default) means d heads of size 1 (H3's ``head_dim=1``,
-            used in all H3 configs); a smaller H gives the multi-head outer-product state of the H3 code.
-        shift_kernel_size: taps of the causal shift convolution on k (>= 1).
-        kernel_init: ``"geometric"`` (default, the LM runs) or ``"random"`` for the long kernel.
-        kernel_init_std: scale of the long-kernel init (None: 0.02 geometric, 0.002 random, as safari).
-        geometric_convention: ``"paper"`` (§3.1 formula) or ``"code"`` (safari ``double_exp``).
-        kernel_dropout: dropout on the kernel weights in training (paper Table 17, OWT: 0).
-        smooth_width: p of Smooth, window 2p+1 (0 = off: the paper keeps Squash only).
-        smooth_domain: ``"time"`` or ``"frequency"``.
-        squash_lambda: λ of Squash (paper Table 17, OWT: 0.001; safari H3Conv default 0.003).
-        kernel_regularization_order: default Algorithm 1 (dropout, smooth, squash); safari's code
-            order is ``("smooth", "squash", "dropout")``.
-        regularize_shift_kernel: give the shift kernel the long kernel's init and regularization
-            (safari ``H3Conv``) instead of H3's Conv1d init without regularization.
+        options: an :class:`H3Options` (or an ``H3Config``, which is one); ``**values`` override single fields.
         bias: biases of the input and output Linears.
-        decode_num_modes: build the layer distilled, with modal buffers for this many modes (see :meth:`distill`).
-        fft_backend, butterfly_block_size: who computes the FFT convolutions (``ssmhub.ops.fftconv.fft_conv``:
-            ``"torch"``, ``"butterfly"`` with block size r, ``"triton"``, ``"auto"``; the same numbers).
-        kernel_type: ``"long_conv"`` (default, a learned L_max-tap kernel) or ``"diagonal_ssm"``: the original
-            H3's S4D diagonal SSM (:class:`~ssmhub.layers.diagonal_ssm.DiagonalSSMKernel`), decoded exactly in
-            O(ssm_state_size) per channel; ``max_kernel_length`` and the kernel regularizers do not apply to it.
-        ssm_state_size: N, complex modes per head of the diagonal SSM (H3: 64).
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        max_kernel_length: int,
-        num_heads: int | None = None,
-        shift_kernel_size: int = 4,
-        kernel_init: str = "geometric",
-        kernel_init_std: float | None = None,
-        geometric_convention: str = "paper",
-        kernel_dropout: float = 0.0,
-        smooth_width: int = 0,
-        smooth_domain: str = "time",
-        squash_lambda: float = 0.001,
-        kernel_regularization_order: tuple[str, ...] = PAPER_ORDER,
-        regularize_shift_kernel: bool = False,
-        bias: bool = True,
-        decode_num_modes: int | None = None,
-        fft_backend: str = "torch",
-        butterfly_block_size: int = 16,
-        kernel_type: str = "long_conv",
-        ssm_state_size: int = 64,
-    ):
+    def __init__(self, hidden_size: int, options: H3Options | None = None, *, bias: bool = True, **values):
         super().__init__()
-        for name, value in (
-            ("hidden_size", hidden_size),
-            ("max_kernel_length", max_kernel_length),
-            ("shift_kernel_size", shift_kernel_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-        if num_heads is None:
-            num_heads = hidden_size
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise ValueError(f"num_heads must be an integer >= 1 or None; got {num_heads!r}")
-        if hidden_size % num_heads:
-            raise ValueError(f"num_heads ({num_heads}) must divide hidden_size ({hidden_size})")
-        if kernel_init not in ("geometric", "random"):
-            raise ValueError(f"kernel_init must be 'geometric' or 'random'; got {kernel_init!r}")
+        options = H3Options.take(options, **values)
+        options.check_options(hidden_size)
+        num_heads = options.ssm_num_heads or hidden_size
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
-        self.max_kernel_length, self.shift_kernel_size = max_kernel_length, shift_kernel_size
-        regularization = {
-            "kernel_dropout": kernel_dropout,
-            "smooth_width": smooth_width,
-            "smooth_domain": smooth_domain,
-            "squash_lambda": squash_lambda,
-            "regularization_order": kernel_regularization_order,
-        }
+        self.max_kernel_length, self.shift_kernel_size = options.max_kernel_length, options.shift_kernel_size
+        self.kernel_type = options.kernel_type
         self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)  # q, k, v
-        if regularize_shift_kernel:
-            shift_init = {"kernel_init": kernel_init, "init_std": kernel_init_std, **regularization}
-        else:
-            shift_init = {"kernel_init": "conv"}
-        backend = {"fft_backend": fft_backend, "butterfly_block_size": butterfly_block_size}
         # a short kernel without regularization runs as a direct FIR, see _shift
-        self.direct_shift = shift_kernel_size <= DIRECT_SHIFT_MAX_TAPS and not regularize_shift_kernel
-        self.shift_conv = LongConvKernel(
-            hidden_size, shift_kernel_size, geometric_convention=geometric_convention, **shift_init, **backend
-        )
-        if kernel_type not in KERNEL_TYPES:
-            raise ValueError(f"kernel_type must be one of {KERNEL_TYPES}; got {kernel_type!r}")
-        self.kernel_type = kernel_type
-        if kernel_type == "diagonal_ssm":
-            if decode_num_modes is not None:
-                raise ValueError("a diagonal-SSM H3 layer is already modal: it takes no decode_num_modes")
-            self.long_conv = DiagonalSSMKernel(num_heads, ssm_state_size)
+        self.direct_shift = self.shift_kernel_size <= DIRECT_SHIFT_MAX_TAPS and not options.regularize_shift_kernel
+        self.shift_conv = LongConvKernel(hidden_size, self.shift_kernel_size, _shift_kernel_options(options))
+        if self.kernel_type == "diagonal_ssm":
+            self.long_conv = DiagonalSSMKernel(num_heads, options.ssm_state_size)
         else:
-            self.long_conv = LongConvKernel(
-                num_heads,
-                max_kernel_length,
-                kernel_init=kernel_init,
-                init_std=kernel_init_std,
-                geometric_convention=geometric_convention,
-                **regularization,
-                **backend,
-            )
+            self.long_conv = LongConvKernel(num_heads, self.max_kernel_length, options)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.decode_num_modes = None
-        if decode_num_modes is not None:
-            if isinstance(decode_num_modes, bool) or not isinstance(decode_num_modes, int) or decode_num_modes < 1:
-                raise ValueError(f"decode_num_modes must be an integer >= 1 or None; got {decode_num_modes!r}")
-            self._register_modal_buffers(decode_num_modes)
+        if options.decode_num_modes is not None:
+            self._register_modal_buffers(options.decode_num_modes)
 
     # ----------------------------------------------------------------------------- distilled (modal) mode
     def _register_modal_buffers(self, num_modes: int) -> None:

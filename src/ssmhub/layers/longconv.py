@@ -31,12 +31,8 @@ from ..ops.butterfly import (
     check_block_size,
     dft_blocks,
 )
-from ..ops.fftconv import BACKENDS, fft_size
+from ..ops.fftconv import fft_size
 from ..ops.longconv import (
-    GEOMETRIC_CONVENTIONS,
-    PAPER_ORDER,
-    REGULARIZERS,
-    SMOOTH_DOMAINS,
     causal_conv,
     geometric_decay_init,
     random_init,
@@ -44,10 +40,16 @@ from ..ops.longconv import (
 )
 from ..ops.precision import float32_math
 from .initial_values import fill_initial_values
+from .longconv_options import LongConvOptions
 
-__all__ = ["KERNEL_INITS", "ButterflyBlockParameters", "LearnedButterflyConv", "LongConvKernel", "LongConvParameters"]
+__all__ = [
+    "ButterflyBlockParameters",
+    "LearnedButterflyConv",
+    "LongConvKernel",
+    "LongConvOptions",
+    "LongConvParameters",
+]
 
-KERNEL_INITS = ("geometric", "random", "conv")
 DEFAULT_INIT_STD = {"geometric": 0.02, "random": 0.002}  # safari's double_exp and randn scales
 
 
@@ -64,22 +66,13 @@ class LongConvParameters(nn.Module):
         self,
         num_channels: int,
         max_kernel_length: int,
-        kernel_init: str = "geometric",
-        init_std: float | None = None,
-        geometric_convention: str = "paper",
+        options: LongConvOptions,
         use_skip: bool = True,
     ):
         super().__init__()
-        if kernel_init not in KERNEL_INITS:
-            raise ValueError(f"kernel_init must be one of {KERNEL_INITS}; got {kernel_init!r}")
-        if geometric_convention not in GEOMETRIC_CONVENTIONS:
-            raise ValueError(
-                f"geometric_convention must be one of {GEOMETRIC_CONVENTIONS}; got {geometric_convention!r}"
-            )
-        if init_std is not None and not (isinstance(init_std, (int, float)) and init_std >= 0):
-            raise ValueError(f"init_std must be a number >= 0; got {init_std!r}")
         self.num_channels, self.max_kernel_length = num_channels, max_kernel_length
-        self.kernel_init, self.init_std, self.geometric_convention = kernel_init, init_std, geometric_convention
+        self.kernel_init, self.kernel_init_std = options.kernel_init, options.kernel_init_std
+        self.geometric_convention = options.geometric_convention
         self.kernel = nn.Parameter(torch.empty(num_channels, max_kernel_length))
         self.skip = nn.Parameter(torch.empty(num_channels)) if use_skip else None
         fill_initial_values(self)
@@ -88,13 +81,13 @@ class LongConvParameters(nn.Module):
         """Fresh initial values of every parameter, keyed by name."""
         channels, length = self.num_channels, self.max_kernel_length
         if self.kernel_init == "geometric":
-            std = DEFAULT_INIT_STD["geometric"] if self.init_std is None else self.init_std
+            std = DEFAULT_INIT_STD["geometric"] if self.kernel_init_std is None else self.kernel_init_std
             kernel = geometric_decay_init(channels, length, std, self.geometric_convention, generator=generator)
         elif self.kernel_init == "random":
-            std = DEFAULT_INIT_STD["random"] if self.init_std is None else self.init_std
+            std = DEFAULT_INIT_STD["random"] if self.kernel_init_std is None else self.kernel_init_std
             kernel = random_init(channels, length, std, generator=generator)
         else:
-            bound = 1.0 / math.sqrt(length) if self.init_std is None else self.init_std * math.sqrt(3.0)
+            bound = 1.0 / math.sqrt(length) if self.kernel_init_std is None else self.kernel_init_std * math.sqrt(3.0)
             kernel = (torch.rand(channels, length, generator=generator) * 2 - 1) * bound
         values = {"kernel": kernel}
         if self.skip is not None:
@@ -232,21 +225,9 @@ class LongConvKernel(nn.Module):
         num_channels: H, the number of independent kernels.
         max_kernel_length: L_max, the number of learned taps; longer inputs are legal (taps beyond
             L_max are zero).
-        kernel_init: ``"geometric"`` (§3.1 "Geom"/"Exp", default), ``"random"`` or ``"conv"``.
-        init_std: std of the init (None: 0.02 geometric, 0.002 random, as safari; for ``"conv"`` the
-            uniform bound 1/√L_max).
-        geometric_convention: ``"paper"`` (§3.1 formula, default) or ``"code"`` (safari double_exp).
-        kernel_dropout: elementwise dropout on the kernel weights, training only.
-        smooth_width: p of the Smooth operator, window 2p+1 (0 = off, the paper's final choice;
-            safari's window 7 is p = 3).
-        smooth_domain: ``"time"`` (§3.1) or ``"frequency"`` (App. B.1).
-        squash_lambda: λ of the Squash operator (0 = off).
-        regularization_order: order of ``"dropout"``, ``"smooth"``, ``"squash"`` (default Algorithm 1:
-            dropout → smooth → squash; safari applies smooth → squash → dropout).
+        options: a :class:`~ssmhub.layers.longconv_options.LongConvOptions` (init, regularizers, FFT backend;
+            or any options or config holding its fields); ``**values`` override single fields.
         use_skip: learn the skip ``D`` (Algorithm 1 step 4).
-        fft_backend: who computes :meth:`convolve`'s FFT convolution: ``"torch"`` (default), ``"butterfly"``
-            (FlashButterfly, §3.2), ``"triton"`` or ``"auto"`` (see :func:`ssmhub.ops.fftconv.fft_conv`).
-        butterfly_block_size: r of the Butterfly blocks (fixed backend or learned).
         learned_butterfly: run :meth:`convolve` through a :class:`LearnedButterflyConv` (§3.2.1) built for
             inputs of at most ``max_kernel_length`` positions (not causal once trained, no recurrent state).
         learned_butterfly_transforms: which transforms it learns (its ``learn``).
@@ -256,55 +237,30 @@ class LongConvKernel(nn.Module):
         self,
         num_channels: int,
         max_kernel_length: int,
-        kernel_init: str = "geometric",
-        init_std: float | None = None,
-        geometric_convention: str = "paper",
-        kernel_dropout: float = 0.0,
-        smooth_width: int = 0,
-        smooth_domain: str = "time",
-        squash_lambda: float = 0.0,
-        regularization_order: tuple[str, ...] = PAPER_ORDER,
+        options: LongConvOptions | None = None,
+        *,
         use_skip: bool = True,
-        fft_backend: str = "torch",
-        butterfly_block_size: int = DEFAULT_BLOCK_SIZE,
         learned_butterfly: bool = False,
         learned_butterfly_transforms: tuple[str, ...] = ("input", "output"),
+        **values,
     ):
         super().__init__()
-        if fft_backend not in BACKENDS:
-            raise ValueError(f"fft_backend must be one of {BACKENDS}; got {fft_backend!r}")
-        if (
-            isinstance(butterfly_block_size, bool)
-            or not isinstance(butterfly_block_size, int)
-            or butterfly_block_size < 2
-        ):
-            raise ValueError(f"butterfly_block_size must be an integer >= 2; got {butterfly_block_size!r}")
+        options = LongConvOptions.take(options, **values)
+        options.check_options()
         for name, value in (("num_channels", num_channels), ("max_kernel_length", max_kernel_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-        if not isinstance(kernel_dropout, (int, float)) or not 0.0 <= kernel_dropout < 1.0:
-            raise ValueError(f"kernel_dropout must be in [0, 1); got {kernel_dropout!r}")
-        if isinstance(smooth_width, bool) or not isinstance(smooth_width, int) or smooth_width < 0:
-            raise ValueError(f"smooth_width must be an integer >= 0; got {smooth_width!r}")
-        if not isinstance(squash_lambda, (int, float)) or not math.isfinite(squash_lambda) or squash_lambda < 0:
-            raise ValueError(f"squash_lambda must be a finite number >= 0; got {squash_lambda!r}")
-        if smooth_domain not in SMOOTH_DOMAINS:
-            raise ValueError(f"smooth_domain must be one of {SMOOTH_DOMAINS}; got {smooth_domain!r}")
-        order = tuple(regularization_order)
-        if any(name not in REGULARIZERS for name in order) or len(set(order)) != len(order):
-            raise ValueError(f"regularization_order must list distinct names from {REGULARIZERS}; got {order!r}")
         self.num_channels, self.max_kernel_length = num_channels, max_kernel_length
-        self.kernel_dropout, self.smooth_width, self.smooth_domain = float(kernel_dropout), smooth_width, smooth_domain
-        self.squash_lambda, self.regularization_order = float(squash_lambda), order
-        self.ssm = LongConvParameters(
-            num_channels, max_kernel_length, kernel_init, init_std, geometric_convention, use_skip
-        )
+        self.kernel_dropout, self.smooth_width = float(options.kernel_dropout), options.smooth_width
+        self.smooth_domain, self.squash_lambda = options.smooth_domain, float(options.squash_lambda)
+        self.kernel_regularization_order = tuple(options.kernel_regularization_order)
+        self.ssm = LongConvParameters(num_channels, max_kernel_length, options, use_skip)
         self._memo = None  # (key, regularized kernel) outside autograd and training, see full_kernel
-        self.fft_backend, self.butterfly_block_size = fft_backend, butterfly_block_size
+        self.fft_backend, self.butterfly_block_size = options.fft_backend, options.butterfly_block_size
         self.butterfly = None
         if learned_butterfly:
             self.butterfly = LearnedButterflyConv(
-                num_channels, max_kernel_length, butterfly_block_size, learn=tuple(learned_butterfly_transforms)
+                num_channels, max_kernel_length, self.butterfly_block_size, learn=tuple(learned_butterfly_transforms)
             )
 
     @property
@@ -320,13 +276,13 @@ class LongConvKernel(nn.Module):
         """
         weight = self.ssm.kernel
         cacheable = not self.training and not torch.is_grad_enabled()
-        settings = (self.squash_lambda, self.smooth_width, self.smooth_domain, self.regularization_order)
+        settings = (self.squash_lambda, self.smooth_width, self.smooth_domain, self.kernel_regularization_order)
         key = (weight.data_ptr(), weight._version, weight.device, weight.dtype, settings)
         if cacheable and self._memo is not None and self._memo[0] == key:
             return self._memo[1]
         kernel = regularize_kernel(
             weight.float(),
-            self.regularization_order,
+            self.kernel_regularization_order,
             squash_lambda=self.squash_lambda,
             smooth_width=self.smooth_width,
             smooth_domain=self.smooth_domain,
@@ -383,5 +339,5 @@ class LongConvKernel(nn.Module):
         return (
             f"num_channels={self.num_channels}, max_kernel_length={self.max_kernel_length}, "
             f"squash_lambda={self.squash_lambda}, smooth_width={self.smooth_width}, "
-            f"kernel_dropout={self.kernel_dropout}, order={self.regularization_order}"
+            f"kernel_dropout={self.kernel_dropout}, order={self.kernel_regularization_order}"
         )

@@ -30,12 +30,10 @@ from torch.nn import functional as F
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .initial_values import fill_initial_values
+from .mamba_options import MambaOptions
 from .mixer import TokenMixer
 
-__all__ = ["SCANS", "TIME_STEP_INIT_SCHEMES", "MambaMixer"]
-
-TIME_STEP_INIT_SCHEMES = ("random", "constant")
-SCANS = ("chunked", "sequential")
+__all__ = ["MambaMixer", "MambaOptions"]
 
 
 def _kaiming_uniform_values(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -71,19 +69,11 @@ class TimeStepProjection(nn.Linear):
     log-uniform in [time_step_min, time_step_max] (floored at time_step_floor) and ``W_dt`` is
     uniform in ±R^(−1/2)·time_step_scale (or that constant)."""
 
-    def __init__(
-        self,
-        rank: int,
-        channels: int,
-        time_step_min: float,
-        time_step_max: float,
-        time_step_floor: float,
-        time_step_scale: float,
-        time_step_init_scheme: str,
-    ):
+    def __init__(self, rank: int, channels: int, options: MambaOptions):
         super().__init__(rank, channels, bias=True)
-        self.time_step_min, self.time_step_max, self.time_step_floor = time_step_min, time_step_max, time_step_floor
-        self.time_step_scale, self.time_step_init_scheme = time_step_scale, time_step_init_scheme
+        self.time_step_min, self.time_step_max = options.time_step_min, options.time_step_max
+        self.time_step_floor, self.time_step_scale = options.time_step_floor, options.time_step_scale
+        self.time_step_init_scheme = options.time_step_init_scheme
         fill_initial_values(self)
 
     def initial_parameter_values(self) -> dict[str, torch.Tensor]:
@@ -122,72 +112,30 @@ class MambaMixer(TokenMixer):
 
     Args:
         hidden_size: input width H.
-        intermediate_size: inner width E (the reference: 2·H).
-        state_size: N per channel (16).
-        conv_kernel: width of the causal depthwise convolution (4).
-        time_step_rank: R (None: ⌈H/16⌉, the reference's "auto").
-        output_size: width of the output (None: H). SeRpEnt branches output H / #branches.
-        use_bias: biases in ``in_proj`` and ``out_proj`` (False). use_conv_bias: bias of the conv (True).
-        time_step_min, time_step_max, time_step_floor, time_step_scale, time_step_init_scheme: the
-            initialization of Δ (see :class:`TimeStepProjection`).
-        scan: ``"chunked"`` (the chunked parallel scan, default) or ``"sequential"`` (the loop-over-time
-            oracle; same numbers, slower).
+        options: a :class:`MambaOptions` (or a config holding its fields); ``**values`` override single fields.
+        output_size: width of the output (None: H). SeRpEnt branches output H / #branches; the inner width
+            is ``expand × output_size`` (transformers' ``intermediate_size = expand × hidden_size``).
     """
 
     def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        state_size: int = 16,
-        conv_kernel: int = 4,
-        time_step_rank: int | None = None,
-        output_size: int | None = None,
-        use_bias: bool = False,
-        use_conv_bias: bool = True,
-        time_step_min: float = 1e-3,
-        time_step_max: float = 0.1,
-        time_step_floor: float = 1e-4,
-        time_step_scale: float = 1.0,
-        time_step_init_scheme: str = "random",
-        scan: str = "chunked",
+        self, hidden_size: int, options: MambaOptions | None = None, *, output_size: int | None = None, **values
     ):
         super().__init__()
-        owner = type(self).__name__
-        for name, value in (
-            ("hidden_size", hidden_size),
-            ("intermediate_size", intermediate_size),
-            ("state_size", state_size),
-            ("conv_kernel", conv_kernel),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{owner}.{name} must be a positive integer; got {value!r}")
-        if time_step_rank is not None and time_step_rank < 1:
-            raise ValueError(f"{owner}.time_step_rank must be positive (or None for ⌈H/16⌉); got {time_step_rank}")
-        if not 0 < time_step_min <= time_step_max:
-            raise ValueError(
-                f"{owner} needs 0 < time_step_min <= time_step_max; got {time_step_min} and {time_step_max}"
-            )
-        if time_step_init_scheme not in TIME_STEP_INIT_SCHEMES:
-            raise ValueError(
-                f"{owner}.time_step_init_scheme must be one of {TIME_STEP_INIT_SCHEMES}; got {time_step_init_scheme!r}"
-            )
-        if scan not in SCANS:
-            raise ValueError(f"{owner}.scan must be one of {SCANS}; got {scan!r}")
+        options = MambaOptions.take(options, **values)
+        options.check_options(hidden_size)
         self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.state_size = state_size
-        self.conv_kernel = conv_kernel
-        self.time_step_rank = time_step_rank or math.ceil(hidden_size / 16)
         self.output_size = output_size or hidden_size
-        self.scan = scan
-        E, N, R = intermediate_size, state_size, self.time_step_rank
-        self.in_proj = nn.Linear(hidden_size, 2 * E, bias=use_bias)
-        self.conv1d = DepthwiseConv(E, conv_kernel, bias=use_conv_bias)
+        self.intermediate_size = options.expand * self.output_size
+        self.state_size = options.state_size
+        self.conv_kernel = options.conv_kernel
+        self.time_step_rank = options.time_step_rank or math.ceil(hidden_size / 16)
+        self.scan = options.scan
+        E, N, R = self.intermediate_size, self.state_size, self.time_step_rank
+        self.in_proj = nn.Linear(hidden_size, 2 * E, bias=options.use_bias)
+        self.conv1d = DepthwiseConv(E, self.conv_kernel, bias=options.use_conv_bias)
         self.x_proj = nn.Linear(E, R + 2 * N, bias=False)
-        self.dt_proj = TimeStepProjection(
-            R, E, time_step_min, time_step_max, time_step_floor, time_step_scale, time_step_init_scheme
-        )
-        self.out_proj = OutputProjection(E, self.output_size, bias=use_bias)
+        self.dt_proj = TimeStepProjection(R, E, options)
+        self.out_proj = OutputProjection(E, self.output_size, bias=options.use_bias)
         self.ssm = MambaParameters(E, N)
 
     # ----------------------------------------------------------------------------- state

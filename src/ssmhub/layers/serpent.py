@@ -44,10 +44,9 @@ from ..ops.resampling import (
 from .initial_values import fill_initial_values
 from .mamba import MambaMixer
 from .mixer import TokenMixer
+from .serpent_options import SerpentOptions
 
-__all__ = ["RESAMPLING_MODES", "ResamplingBranch", "SerpentMixer"]
-
-RESAMPLING_MODES = ("causal", "faithful")
+__all__ = ["ResamplingBranch", "SerpentMixer", "SerpentOptions"]
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
 _FAITHFUL_HAS_NO_STATE = (
     "faithful resampling reads later tokens (use resampling_mode='causal' to decode, or call with use_cache=False)"
@@ -83,8 +82,9 @@ class ResamplingBranch(TokenMixer):
     Args:
         hidden_size: H, the block's input width. branch_size: H_b, this branch's output width.
         resampling_rate: κ ∈ (0, 1], the minimum compression rate L̄/L.
-        window: K tokens per grid point. num_features: G distance features. mode: ``"causal"`` or ``"faithful"``.
-        mamba_kwargs: the branch Mamba's options (inner width, state size, ...).
+        options: a :class:`SerpentOptions` (or a config holding its fields): the window K
+            (``resampling_window``), G (``num_distance_features``), the ``resampling_mode`` and the branch
+            Mamba's options; ``**values`` override single fields.
     """
 
     def __init__(
@@ -92,24 +92,22 @@ class ResamplingBranch(TokenMixer):
         hidden_size: int,
         branch_size: int,
         resampling_rate: float,
-        window: int,
-        num_features: int,
-        mode: str,
-        mamba_kwargs: dict,
+        options: SerpentOptions | None = None,
+        **values,
     ):
         super().__init__()
-        if not 0 < resampling_rate <= 1:
+        options = SerpentOptions.take(options, **values)
+        options.check_options()
+        if isinstance(resampling_rate, bool) or not 0 < resampling_rate <= 1:
             raise ValueError(f"{type(self).__name__}.resampling_rate must lie in (0, 1] (κ); got {resampling_rate}")
-        if not isinstance(window, int) or window < 1:
-            raise ValueError(f"{type(self).__name__}.window must be a positive integer K; got {window!r}")
-        if mode not in RESAMPLING_MODES:
-            raise ValueError(f"{type(self).__name__}.mode must be one of {RESAMPLING_MODES}; got {mode!r}")
         self.hidden_size, self.branch_size, self.output_size = hidden_size, branch_size, branch_size
+        window, mode = options.resampling_window, options.resampling_mode
         self.resampling_rate, self.window, self.mode = resampling_rate, window, mode
         self.causal = mode == "causal"
         self.step_proj = nn.Linear(hidden_size, 1)  # θ_Δ of Eq. 13
+        num_features = options.num_distance_features
         self.compress = nn.Linear(window * (hidden_size + num_features), branch_size)  # θ_Γ of Eq. 12
-        self.mamba = MambaMixer(branch_size, output_size=branch_size, **mamba_kwargs)
+        self.mamba = MambaMixer(branch_size, options)
         self.ssm = ResamplingParameters(num_features, window, mode)
 
     # ----------------------------------------------------------------------------- pieces
@@ -117,11 +115,15 @@ class ResamplingBranch(TokenMixer):
         """Eq. 13: x (..., H) -> (Δ_l (...) float32 in [κΔ, Δ], Δ)."""
         grid_step = self.ssm.grid_step()
         kappa = self.resampling_rate
-        # θ_Δ·x as a product and a sum along H per token, in float32, not a matmul: a matmul's rounding depends
-        # on how many tokens the call holds, and a streamed token must get bit for bit the Δ_l the parallel pass
-        # gives it, or the two clocks drift apart and cross grid points at different tokens.
-        logit = (x.float() * self.step_proj.weight[0].float()).sum(-1) + self.step_proj.bias.float()
-        gate = torch.sigmoid(logit)
+        # A streamed token must get bit for bit the Δ_l the parallel pass gives it, or the two clocks drift apart
+        # and cross grid points at different tokens. So θ_Δ·x is a product and a sum along H per token, not a
+        # matmul (whose rounding depends on how many tokens the call holds), and the gate is computed in
+        # float64 and rounded once to float32: torch's vectorized and scalar sigmoid differ in the last float32
+        # bit (a call over many tokens takes the first, a single token the second), while a float64 difference
+        # of an ulp changes the rounded float32 only at a rounding midpoint (odds about 2^-29 per token).
+        weight, bias = self.step_proj.weight[0].double(), self.step_proj.bias.double()
+        logit = (x.double() * weight).sum(-1) + bias
+        gate = torch.sigmoid(logit).float()
         return gate * grid_step * (1 - kappa) + kappa * grid_step, grid_step
 
     def _compress(self, inputs: torch.Tensor, distance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -224,45 +226,21 @@ class SerpentMixer(TokenMixer):
 
     Args:
         hidden_size: H; must be divisible by the number of branches, 1 + len(resampling_rates).
-        resampling_rates: κ of each resampling branch (empty: the mixer is a plain Mamba mixer).
-        resampling_window: K. num_distance_features: G. resampling_mode: ``"causal"`` or ``"faithful"``.
-        expand: each branch Mamba's inner width is expand × H_b.
-        **mamba_kwargs: the other :class:`~ssmhub.layers.mamba.MambaMixer` options (state_size, conv_kernel, ...).
+        options: a :class:`SerpentOptions` (or a ``SerpentConfig``, which is one); ``**values`` override single
+            fields. With ``resampling_rates=[]`` the mixer is a plain Mamba mixer.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        resampling_rates: tuple[float, ...] = (0.5, 0.1),
-        resampling_window: int = 10,
-        num_distance_features: int = 8,
-        resampling_mode: str = "causal",
-        expand: int = 2,
-        **mamba_kwargs,
-    ):
+    def __init__(self, hidden_size: int, options: SerpentOptions | None = None, **values):
         super().__init__()
-        num_branches = 1 + len(resampling_rates)
-        if hidden_size % num_branches:
-            raise ValueError(
-                f"{type(self).__name__}.hidden_size ({hidden_size}) must be divisible by the number of branches "
-                f"({num_branches} = 1 base + {len(resampling_rates)} resampling rates)"
-            )
+        options = SerpentOptions.take(options, **values)
+        options.check_options(hidden_size)
         self.hidden_size = hidden_size
-        self.branch_size = hidden_size // num_branches
-        self.resampling_mode = resampling_mode
-        self.causal = resampling_mode == "causal"
-        self.base = MambaMixer(hidden_size, expand * self.branch_size, output_size=self.branch_size, **mamba_kwargs)
+        self.branch_size = hidden_size // options.num_branches
+        self.resampling_mode = options.resampling_mode
+        self.causal = options.resampling_mode == "causal"
+        self.base = MambaMixer(hidden_size, options, output_size=self.branch_size)
         self.resampled = nn.ModuleList(
-            ResamplingBranch(
-                hidden_size,
-                self.branch_size,
-                kappa,
-                resampling_window,
-                num_distance_features,
-                resampling_mode,
-                {"intermediate_size": expand * self.branch_size, **mamba_kwargs},
-            )
-            for kappa in resampling_rates
+            ResamplingBranch(hidden_size, self.branch_size, kappa, options) for kappa in options.resampling_rates
         )
 
     def _branches(self) -> list[tuple[str, nn.Module]]:

@@ -4,29 +4,21 @@
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-__all__ = ["INIT_SCHEMES", "NORM_TYPES", "POOLINGS", "RecurrentLMConfig", "check_choice", "check_positive"]
+from ..layers.options import MixerOptions, check_choice, check_integer, check_positive
+
+__all__ = [
+    "INIT_SCHEMES",
+    "NORM_TYPES",
+    "POOLINGS",
+    "RecurrentLMConfig",
+    "check_choice",
+    "check_integer",
+    "check_positive",
+]
 
 POOLINGS = ("max", "mean", "last")
 INIT_SCHEMES = ("normal", "pytorch")
 NORM_TYPES = ("layernorm", "rmsnorm")
-
-
-def check_positive(config, *names: str, allow_zero: bool = False) -> None:
-    """Raise a ValueError naming the first field of ``names`` that is not a positive number."""
-    for name in names:
-        value = getattr(config, name)
-        if value is None:
-            continue
-        if value < 0 or (value == 0 and not allow_zero):
-            bound = "non-negative" if allow_zero else "positive"
-            raise ValueError(f"{type(config).__name__}.{name} must be {bound}; got {value}")
-
-
-def check_choice(config, name: str, choices: tuple[str, ...]) -> None:
-    """Raise a ValueError naming ``name`` when its value is not one of ``choices``."""
-    value = getattr(config, name)
-    if value not in choices:
-        raise ValueError(f"{type(config).__name__}.{name} must be one of {choices}; got {value!r}")
 
 
 @strict
@@ -88,12 +80,16 @@ class RecurrentLMConfig(PreTrainedConfig):
         A value assigned after construction is not checked then: every ssmhub model runs this again
         when it is built and in ``save_pretrained`` before writing anything
         (:class:`~ssmhub.models.modeling_recurrent.RecurrentPreTrainedModel`)."""
-        check_positive(self, "vocab_size", "hidden_size", "num_hidden_layers", "layer_norm_epsilon")
-        check_positive(self, "intermediate_size", "initializer_range", "classifier_intermediate_size", allow_zero=True)
+        check_integer(self, "vocab_size", "hidden_size", "num_hidden_layers")
+        check_integer(self, "intermediate_size", "classifier_intermediate_size", minimum=0)
+        check_positive(self, "layer_norm_epsilon")
+        check_positive(self, "initializer_range", allow_zero=True)
         check_positive(self, "recurrence_learning_rate")
         check_choice(self, "classifier_pooling", POOLINGS)
         check_choice(self, "norm_type", NORM_TYPES)
         check_choice(self, "init_scheme", INIT_SCHEMES)
+        if isinstance(self, MixerOptions):  # a family config inherits its mixer's options and their one validator
+            self.check_options(self.hidden_size)
         if not self.last_layer_residual and not self.prenorm:
             raise ValueError(
                 f"{type(self).__name__}.last_layer_residual=False needs prenorm=True (post-norm blocks always add it)"

@@ -37,17 +37,7 @@ class BDLRNNPreTrainedModel(RecurrentPreTrainedModel):
     config_class = BDLRNNConfig
 
     def build_mixer(self, config: BDLRNNConfig, layer_idx: int) -> BDLRNNMixer:
-        return BDLRNNMixer(
-            hidden_size=config.hidden_size,
-            block_size=config.block_size,
-            p_norm=config.p_norm,
-            norm_mode=config.norm_mode,
-            norm_eps=config.norm_eps,
-            transition_hidden_size=config.transition_hidden_size,
-            input_map=config.input_map,
-            learned_initial_state=config.learned_initial_state,
-            scan=config.scan,
-        )
+        return BDLRNNMixer(config.hidden_size, config)
 
 
 class BDLRNNModel(RecurrentModel, BDLRNNPreTrainedModel):

@@ -29,19 +29,7 @@ class DLRPreTrainedModel(RecurrentPreTrainedModel):
     config_class = DLRConfig
 
     def build_mixer(self, config: DLRConfig, layer_idx: int) -> DLRMixer:
-        return DLRMixer(
-            hidden_size=config.hidden_size,
-            state_size=config.state_size,
-            kernel_type=config.kernel_type,
-            bidirectional=config.bidirectional,
-            bidirectional_shared_lambda=config.bidirectional_shared_lambda,
-            skip_connection=config.skip_connection,
-            use_glu=config.use_glu,
-            dropout=config.dropout,
-            dt_min=config.dt_min,
-            dt_max=config.dt_max,
-            weight_std=config.weight_std,
-        )
+        return DLRMixer(config.hidden_size, config)
 
 
 class DLRModel(RecurrentModel, DLRPreTrainedModel):

@@ -36,27 +36,8 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
 
     def build_mixer(self, config: H3Config, layer_idx: int) -> nn.Module:
         if layer_idx in config.attention_layers:
-            return CausalSelfAttention(config.hidden_size, config.num_attention_heads, config.attention_dropout)
-        return H3Mixer(
-            hidden_size=config.hidden_size,
-            max_kernel_length=config.max_kernel_length,
-            num_heads=config.ssm_num_heads,
-            shift_kernel_size=config.shift_kernel_size,
-            kernel_init=config.kernel_init,
-            kernel_init_std=config.kernel_init_std,
-            geometric_convention=config.geometric_convention,
-            kernel_dropout=config.kernel_dropout,
-            smooth_width=config.smooth_width,
-            smooth_domain=config.smooth_domain,
-            squash_lambda=config.squash_lambda,
-            kernel_regularization_order=tuple(config.kernel_regularization_order),
-            regularize_shift_kernel=config.regularize_shift_kernel,
-            decode_num_modes=config.decode_num_modes,
-            fft_backend=config.fft_backend,
-            butterfly_block_size=config.butterfly_block_size,
-            kernel_type=config.kernel_type,
-            ssm_state_size=config.ssm_state_size,
-        )
+            return CausalSelfAttention(config.hidden_size, config)
+        return H3Mixer(config.hidden_size, config)
 
     @torch.no_grad()
     def distill_for_decoding(self, num_modes: int) -> dict[str, torch.Tensor]:

@@ -18,10 +18,12 @@ Weight names (transformers → ssmhub):
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 
 import torch
 from transformers import MambaConfig, MambaForCausalLM, PretrainedConfig
 
+from ...layers.mamba_options import MambaOptions
 from .configuration_serpent import SerpentConfig
 
 __all__ = [
@@ -33,6 +35,21 @@ __all__ = [
 
 # from_pretrained keyword arguments that locate a checkpoint (passed on when reading its config)
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+
+# MambaOptions are named as MambaConfig's fields; only the scan algorithm is ours
+_OURS_ONLY = ("scan",)
+# the block stack's fields that MambaConfig spells as RecurrentLMConfig does
+_SHARED_STACK_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "layer_norm_epsilon",
+    "initializer_range",
+    "tie_word_embeddings",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+)
 
 _LAYER_KEY = re.compile(r"^backbone\.layers\.(\d+)\.(norm|mixer)\.(.+)$")
 
@@ -46,32 +63,17 @@ def serpent_config_from_mamba(mamba_config: MambaConfig, **overrides) -> Serpent
             f"MambaConfig.intermediate_size ({mamba_config.intermediate_size}) must equal expand × hidden_size "
             f"({mamba_config.expand} × {mamba_config.hidden_size})"
         )
-    fields = dict(
-        vocab_size=mamba_config.vocab_size,
-        hidden_size=mamba_config.hidden_size,
-        num_hidden_layers=mamba_config.num_hidden_layers,
-        norm_type="rmsnorm",
-        layer_norm_epsilon=mamba_config.layer_norm_epsilon,
-        initializer_range=mamba_config.initializer_range,
-        state_size=mamba_config.state_size,
-        expand=mamba_config.expand,
-        conv_kernel=mamba_config.conv_kernel,
-        time_step_rank=int(mamba_config.time_step_rank),
-        use_bias=mamba_config.use_bias,
-        use_conv_bias=mamba_config.use_conv_bias,
-        time_step_min=mamba_config.time_step_min,
-        time_step_max=mamba_config.time_step_max,
-        time_step_floor=mamba_config.time_step_floor,
-        time_step_scale=mamba_config.time_step_scale,
-        time_step_init_scheme=mamba_config.time_step_init_scheme,
-        resampling_rates=[],
-        tie_word_embeddings=mamba_config.tie_word_embeddings,
-        pad_token_id=mamba_config.pad_token_id,
-        bos_token_id=mamba_config.bos_token_id,
-        eos_token_id=mamba_config.eos_token_id,
-    )
-    fields.update(overrides)
-    return SerpentConfig(**fields)
+    mixer_fields = {f.name: getattr(mamba_config, f.name) for f in fields(MambaOptions) if f.name not in _OURS_ONLY}
+    stack_fields = {name: getattr(mamba_config, name) for name in _SHARED_STACK_FIELDS}
+    config_fields = {
+        **stack_fields,
+        **mixer_fields,
+        "time_step_rank": int(mamba_config.time_step_rank),  # MambaConfig resolves "auto" to an int
+        "norm_type": "rmsnorm",
+        "resampling_rates": [],
+    }
+    config_fields.update(overrides)
+    return SerpentConfig(**config_fields)
 
 
 def mamba_state_dict_to_serpent(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

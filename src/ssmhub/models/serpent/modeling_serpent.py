@@ -33,25 +33,7 @@ class SerpentPreTrainedModel(RecurrentPreTrainedModel):
     config_class = SerpentConfig
 
     def build_mixer(self, config: SerpentConfig, layer_idx: int) -> SerpentMixer:
-        return SerpentMixer(
-            hidden_size=config.hidden_size,
-            resampling_rates=tuple(config.resampling_rates),
-            resampling_window=config.resampling_window,
-            num_distance_features=config.num_distance_features,
-            resampling_mode=config.resampling_mode,
-            state_size=config.state_size,
-            expand=config.expand,
-            conv_kernel=config.conv_kernel,
-            time_step_rank=config.time_step_rank,
-            use_bias=config.use_bias,
-            use_conv_bias=config.use_conv_bias,
-            time_step_min=config.time_step_min,
-            time_step_max=config.time_step_max,
-            time_step_floor=config.time_step_floor,
-            time_step_scale=config.time_step_scale,
-            time_step_init_scheme=config.time_step_init_scheme,
-            scan=config.scan,
-        )
+        return SerpentMixer(config.hidden_size, config)
 
 
 class SerpentModel(RecurrentModel, SerpentPreTrainedModel):

@@ -1,0 +1,61 @@
+"""The options of an H3 layer with a learned long convolution (arXiv 2302.06646 §4; H3: arXiv 2212.14052),
+defined once: ``H3Config`` inherits them.
+
+No ``from __future__ import annotations`` here: a config built on these fields checks their types.
+"""
+
+from dataclasses import dataclass
+
+from .longconv_options import LongConvOptions
+from .options import check_choice, check_integer
+
+__all__ = ["H3_KERNEL_INITS", "KERNEL_TYPES", "H3Options"]
+
+KERNEL_TYPES = ("long_conv", "diagonal_ssm")
+H3_KERNEL_INITS = ("geometric", "random")  # the long kernel's; "conv" is the shift kernel's own
+
+
+@dataclass
+class H3Options(LongConvOptions):
+    """Options of :class:`~ssmhub.layers.h3.H3Mixer`: those of its long convolution
+    (:class:`~ssmhub.layers.longconv_options.LongConvOptions`; ``kernel_init`` is ``"geometric"`` or
+    ``"random"`` here, and ``squash_lambda`` defaults to 0.001, Table 17's OpenWebText value) and:
+
+    Args:
+        max_kernel_length: L_max, learned taps per long convolution (longer inputs are legal: taps beyond
+            L_max are zero).
+        ssm_num_heads: H heads of size d/H (must divide the width d). None (default) means head dimension 1
+            (d heads, every H3 config); a smaller H gives the multi-head outer-product state of the H3 code.
+        shift_kernel_size: taps of the causal shift convolution on k (H3's shift SSM: 64; default 4).
+        regularize_shift_kernel: give the shift kernel the long kernel's init and regularizers (safari's
+            ``H3Conv``) instead of H3's Conv1d init without regularization.
+        decode_num_modes: the layer is distilled, its long convolution a modal fit with this many modes per
+            head (set by ``H3PreTrainedModel.distill_for_decoding``; None: the learned kernels, decoded exactly).
+        kernel_type: ``"long_conv"`` (the long-conv paper's learned kernels, default) or ``"diagonal_ssm"``
+            (the original H3: an S4D diagonal SSM per head, decoded in O(ssm_state_size) per channel;
+            ``max_kernel_length`` and the kernel regularizers do not apply to it).
+        ssm_state_size: N, complex modes per head of the diagonal SSM (H3: 64).
+    """
+
+    squash_lambda: float = 0.001
+    max_kernel_length: int = 2048
+    ssm_num_heads: int | None = None
+    shift_kernel_size: int = 4
+    regularize_shift_kernel: bool = False
+    decode_num_modes: int | None = None
+    kernel_type: str = "long_conv"
+    ssm_state_size: int = 64
+
+    def check_options(self, hidden_size: int | None = None) -> None:
+        super().check_options(hidden_size)
+        name = type(self).__name__
+        check_choice(self, "kernel_init", H3_KERNEL_INITS)
+        check_choice(self, "kernel_type", KERNEL_TYPES)
+        check_integer(self, "max_kernel_length", "ssm_num_heads", "shift_kernel_size", "decode_num_modes")
+        check_integer(self, "ssm_state_size")
+        if self.kernel_type == "diagonal_ssm" and self.decode_num_modes is not None:
+            raise ValueError(f"{name}.decode_num_modes is for distilled long convolutions; a diagonal-SSM H3 is modal")
+        if hidden_size is not None and self.ssm_num_heads is not None and hidden_size % self.ssm_num_heads:
+            raise ValueError(
+                f"{name}.ssm_num_heads ({self.ssm_num_heads}) must divide {self.width_name()} ({hidden_size})"
+            )
