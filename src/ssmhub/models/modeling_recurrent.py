@@ -27,7 +27,7 @@ from transformers.modeling_outputs import (
 
 from ..cache import RecurrentCache
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
-from .inputs import check_generation_prompt, check_model_inputs, pool_hidden_states
+from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
 
 __all__ = [
     "RecurrentBlock",
@@ -409,7 +409,11 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
+        """Without an ``attention_mask``, padding is found from ``config.pad_token_id`` as transformers'
+        classifiers do (:func:`~ssmhub.models.inputs.infer_padding_mask`), so a padded batch gives each row
+        the logits it gets alone, for every pooling and also for the bidirectional families."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        attention_mask = infer_padding_mask(input_ids, attention_mask, inputs_embeds, self.config.pad_token_id)
         outputs = self.backbone(
             input_ids,
             attention_mask=attention_mask,
