@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from ssmhub.tokenization import ENDOFTEXT, load_tokenizer, train_bpe_tokenizer
+from ssmhub.tokenization import ENDOFTEXT, PAD_TOKEN, load_tokenizer, train_bpe_tokenizer
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog .",
@@ -34,9 +34,11 @@ def test_trained_tokenizer_basics(tokenizer):
     assert isinstance(tokenizer, PreTrainedTokenizerFast)
     assert 257 < len(tokenizer) <= 320
     assert tokenizer.convert_ids_to_tokens(0) == ENDOFTEXT
-    for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
+    for role in ("bos_token", "eos_token", "unk_token"):
         assert getattr(tokenizer, role) == ENDOFTEXT
-    assert tokenizer.eos_token_id == tokenizer.pad_token_id == 0
+    # a pad token of its own (so that DataCollatorForLanguageModeling keeps eos labels), inside vocab_size
+    assert (tokenizer.eos_token_id, tokenizer.pad_token, tokenizer.pad_token_id) == (0, PAD_TOKEN, 1)
+    assert tokenizer.padding_side == "left"  # batched generation of a causal LM
     # merges were learned: a frequent word is a single token
     assert len(tokenizer.tokenize(" lobster")) == 1
 
@@ -54,10 +56,11 @@ def test_save_pretrained_and_auto_reload(tokenizer, tmp_path):
         assert isinstance(reloaded, PreTrainedTokenizerFast)
         assert reloaded.get_vocab() == tokenizer.get_vocab()
         assert reloaded(SENTENCES[:4])["input_ids"] == tokenizer(SENTENCES[:4])["input_ids"]
-        assert (reloaded.eos_token, reloaded.pad_token, reloaded.bos_token) == (ENDOFTEXT,) * 3
+        assert (reloaded.eos_token, reloaded.pad_token, reloaded.bos_token) == (ENDOFTEXT, PAD_TOKEN, ENDOFTEXT)
+        assert reloaded.padding_side == "left"
     # a bare tokenizer.json gets the same special-token roles
     from_file = load_tokenizer(tmp_path / "tokenizer.json")
-    assert (from_file.eos_token_id, from_file.pad_token_id) == (0, 0)
+    assert (from_file.eos_token_id, from_file.pad_token_id) == (0, 1)
     with pytest.raises(FileNotFoundError):
         load_tokenizer(tmp_path / "missing")
 
@@ -78,11 +81,18 @@ def test_batched_padding(side):
     assert batch["attention_mask"][1].all()
 
 
+def test_pad_token_none_pads_with_eos_as_before():
+    tok = train_bpe_tokenizer(SENTENCES, vocab_size=300, pad_token=None)
+    assert tok.eos_token == tok.pad_token == ENDOFTEXT and PAD_TOKEN not in tok.get_vocab()
+
+
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="vocab_size"):
         train_bpe_tokenizer(SENTENCES, vocab_size=200)
     with pytest.raises(ValueError, match="padding_side"):
         train_bpe_tokenizer(SENTENCES, vocab_size=300, padding_side="middle")
+    with pytest.raises(ValueError, match="pad_token"):
+        train_bpe_tokenizer(SENTENCES, vocab_size=300, pad_token=ENDOFTEXT)
 
 
 def test_shared_gpt2_folder():

@@ -18,13 +18,18 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 __all__ = [
     "DOCUMENT_PIECE_CHARS",
     "ENDOFTEXT",
+    "PAD_TOKEN",
     "encode_document",
     "encode_documents",
+    "ensure_pad_token",
     "load_tokenizer",
     "train_bpe_tokenizer",
 ]
 
 ENDOFTEXT = "<|endoftext|>"
+# The pad token of ssmhub's tokenizers, distinct from EOS: transformers' DataCollatorForLanguageModeling
+# sets the label of every pad-id token to -100, so with pad = eos a fine-tuned model never learns to stop.
+PAD_TOKEN = "<|pad|>"
 _BYTE_ALPHABET_SIZE = 256
 
 
@@ -32,29 +37,39 @@ def train_bpe_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
     special_tokens: Iterable[str] = (ENDOFTEXT,),
-    padding_side: str = "right",
+    padding_side: str = "left",
     min_frequency: int = 2,
     model_max_length: int | None = None,
+    pad_token: str | None = PAD_TOKEN,
 ) -> PreTrainedTokenizerFast:
     """Train a GPT-2 style byte-level BPE on ``texts``.
 
     Every byte is in the base alphabet, so any string encodes without an unknown token. The first
-    special token (``"<|endoftext|>"`` by default, id 0) serves as bos, eos, unk and pad token;
-    padding works in batches (``padding_side`` ``"right"`` for training, ``"left"`` for batched
-    generation). No special tokens are added when encoding: documents are joined with eos by the
-    caller (see :func:`ssmhub.data.pack_token_windows`).
+    special token (``"<|endoftext|>"`` by default, id 0) serves as bos, eos and unk token; ``pad_token``
+    (``"<|pad|>"``, id 1 by default) is a special token of its own, inside ``vocab_size``, so that
+    ``DataCollatorForLanguageModeling(tokenizer, mlm=False)`` keeps the labels of real EOS tokens
+    (it ignores every pad-id token); ``pad_token=None`` makes the eos token the pad token (the
+    tokenizers ssmhub wrote before). Padding is on the left by default, what batched generation of a
+    causal LM needs (the last position of each row is its last real token). No special tokens are
+    added when encoding: documents are joined with eos by the caller (see
+    :func:`ssmhub.data.pack_token_windows`).
 
     Args:
         texts: training texts (any iterable of strings; it is consumed once).
         vocab_size: final vocabulary size, special tokens included; at least 256 + their number.
         special_tokens: tokens never split by the BPE, given the first ids.
-        padding_side: ``"right"`` or ``"left"``.
+        padding_side: ``"left"`` or ``"right"``.
         min_frequency: a pair must occur this often to be merged.
         model_max_length: recorded on the tokenizer (None: no limit, right for recurrent models).
+        pad_token: the pad token, added after ``special_tokens`` unless it is one of them; None: the eos.
     """
     special_tokens = list(special_tokens)
     if not special_tokens:
-        raise ValueError("special_tokens must hold at least one token (used as eos/bos/unk/pad)")
+        raise ValueError("special_tokens must hold at least one token (used as eos/bos/unk)")
+    if pad_token is not None and pad_token == special_tokens[0]:
+        raise ValueError(f"pad_token must differ from the eos token {special_tokens[0]!r} (pad_token=None for that)")
+    if pad_token is not None and pad_token not in special_tokens:
+        special_tokens.append(pad_token)
     if vocab_size < _BYTE_ALPHABET_SIZE + len(special_tokens):
         raise ValueError(
             f"vocab_size must be at least {_BYTE_ALPHABET_SIZE + len(special_tokens)} (256 bytes + "
@@ -83,7 +98,7 @@ def train_bpe_tokenizer(
         bos_token=eos,
         eos_token=eos,
         unk_token=eos,
-        pad_token=eos,
+        pad_token=pad_token if pad_token is not None else eos,
         padding_side=padding_side,
         clean_up_tokenization_spaces=False,
         **kwargs,
@@ -159,12 +174,33 @@ def _split_at_newlines(text: str, piece_chars: int) -> list[str]:
     return [piece for piece in pieces if piece]
 
 
+def ensure_pad_token(tokenizer, max_vocab_size: int | None = None) -> bool:
+    """Give ``tokenizer`` a pad token distinct from its eos token, and left padding, in place, for a model
+    that is yet to be built (its vocabulary is ``len(tokenizer)`` afterwards, or ``max_vocab_size``).
+
+    A tokenizer without a pad token, or whose pad token is its eos token (GPT-2's once a pad is set, the
+    NeoX ``tokenizer.json`` loaded by :func:`load_tokenizer`, ssmhub folders saved before this change),
+    gets :data:`PAD_TOKEN` added as a special token with the next free id. ``max_vocab_size`` (a
+    ``vocab_size`` forced on the model) bounds the ids: when the new id would not fit, the tokenizer is
+    left as it is and False is returned, so that the caller can say so; otherwise True. Embeddings are
+    never resized: call this before the model is built, not on a trained model's tokenizer.
+    """
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return True
+    if PAD_TOKEN not in tokenizer.get_vocab() and max_vocab_size is not None and len(tokenizer) >= max_vocab_size:
+        return False
+    tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+    return True
+
+
 def load_tokenizer(path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerFast:
     """Load a fast tokenizer from a folder (``AutoTokenizer.from_pretrained``) or a ``tokenizer.json`` file.
 
     A bare ``tokenizer.json`` carries no special-token roles: when ``"<|endoftext|>"`` is in its
-    vocabulary and ``kwargs`` set none, it becomes the bos/eos/unk token and the pad token, as for
-    :func:`train_bpe_tokenizer`. ``kwargs`` go to the tokenizer's constructor.
+    vocabulary and ``kwargs`` set none, it becomes the bos/eos/unk token, and the pad token is
+    :data:`PAD_TOKEN` where the vocabulary has it, else the eos token, as for :func:`train_bpe_tokenizer`.
+    ``kwargs`` go to the tokenizer's constructor.
     """
     path = Path(path)
     if path.is_dir():
@@ -172,8 +208,11 @@ def load_tokenizer(path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerFast
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer folder or tokenizer.json file at {path}")
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(path), **kwargs)
-    if ENDOFTEXT in tokenizer.get_vocab():
-        for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
+    vocab = tokenizer.get_vocab()
+    if ENDOFTEXT in vocab:
+        pad = PAD_TOKEN if PAD_TOKEN in vocab else ENDOFTEXT
+        roles = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT, "pad_token": pad}
+        for role, token in roles.items():
             if role not in kwargs and getattr(tokenizer, role) is None:
-                setattr(tokenizer, role, ENDOFTEXT)
+                setattr(tokenizer, role, token)
     return tokenizer

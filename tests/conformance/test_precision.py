@@ -24,6 +24,9 @@ from 6.2e-3 to 6.6e-3, BD-LRNN's from 4.9e-3 to 6.5e-3): the op-level autocast t
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import auto_class, auto_class_name, random_ids, random_labels
@@ -116,3 +119,43 @@ def test_half_precision_load_keeps_recurrence_in_fp32(any_model, tmp_path):
     others = set(dtypes) - recurrence
     assert {name: dtypes[name] for name in others} == dict.fromkeys(others, torch.bfloat16)
     assert_bf16_matches_float32(loaded, any_model, random_ids(2, 300), autocast=False)
+
+
+CASTS = {  # a cast of the float32 model -> the dtype a from_pretrained load gets for the same model
+    "to(torch.bfloat16)": (lambda model: model.to(torch.bfloat16), torch.bfloat16),
+    "bfloat16()": (lambda model: model.bfloat16(), torch.bfloat16),
+    "half()": (lambda model: model.half(), torch.float16),
+}
+
+
+@pytest.mark.parametrize("cast", list(CASTS))
+def test_half_precision_cast_equals_the_half_precision_load(any_model, cast, tmp_path):
+    """``model.to(torch.bfloat16)`` (and ``.bfloat16()``, ``.half()``) keeps the recurrence in float32 exactly as
+    ``from_pretrained(dtype=...)`` does, so both give the same parameters, logits and generated tokens."""
+    apply_cast, dtype = CASTS[cast]
+    any_model.save_pretrained(tmp_path)
+    loaded = auto_class(any_model).from_pretrained(tmp_path, dtype=dtype).eval()
+    cast_model = apply_cast(copy.deepcopy(any_model))
+    assert cast_model is not None
+    expected = {name: p.dtype for name, p in loaded.named_parameters()}
+    assert {name: p.dtype for name, p in cast_model.named_parameters()} == expected
+    assert all(dtype == torch.float32 for name, dtype in expected.items() if ".ssm." in name)
+    for (name, p), q in zip(cast_model.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), name
+    ids = random_ids(2, 40)
+    with torch.no_grad():
+        assert torch.equal(cast_model(ids).logits, loaded(ids).logits)
+    if auto_class_name(any_model) == "AutoModelForCausalLM":
+        kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+        assert torch.equal(cast_model.generate(ids, **kwargs), loaded.generate(ids, **kwargs))
+
+
+def test_cast_to_bf16_and_back_restores_the_float32_model(any_model):
+    """The recurrence never went through bf16: casting back to float32 gives it back bit for bit; other
+    parameters are rounded, and float64 (for reference runs) still reaches every parameter."""
+    before = {name: p.detach().clone() for name, p in any_model.named_parameters()}
+    restored = copy.deepcopy(any_model).to(torch.bfloat16).float()
+    for name, p in restored.named_parameters():
+        if ".ssm." in name:
+            assert p.dtype == torch.float32 and torch.equal(p, before[name]), name
+    assert all(p.dtype == torch.float64 for p in copy.deepcopy(any_model).double().parameters())

@@ -1,10 +1,14 @@
-"""Checks on what a user hands a model, run before any computation, with errors that name the problem."""
+"""Checks on what a user hands a model, run before any computation, with errors that name the problem;
+the padding mask and pooling of the classification heads."""
 
 from __future__ import annotations
 
 import torch
+from transformers.utils import logging
 
-__all__ = ["check_generation_prompt", "check_model_inputs", "pool_hidden_states"]
+__all__ = ["check_generation_prompt", "check_model_inputs", "infer_padding_mask", "pool_hidden_states"]
+
+logger = logging.get_logger(__name__)
 
 
 def check_model_inputs(
@@ -68,6 +72,44 @@ def check_generation_prompt(
             )
         if prompt.shape[0] == 0:
             raise ValueError(f"{name} has shape {tuple(prompt.shape)}: generate needs at least one prompt")
+
+
+def infer_padding_mask(
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    pad_token_id: int | None,
+) -> torch.Tensor | None:
+    """The attention mask a classifier uses: ``attention_mask`` when given, else one inferred from padding.
+
+    transformers' sequence classifiers (e.g. ``GPT2ForSequenceClassification``) find the last real token
+    of a batch given without a mask from ``config.pad_token_id``; ssmhub pools with "max", "mean" or
+    "last" and has bidirectional mixers, so the whole mask is inferred and also given to the backbone.
+    The padding is the run of ``pad_token_id`` at either end of a row (right or left padding); a pad id
+    between real tokens (a tokenizer whose pad token is also its EOS) stays a real token. Where padding
+    cannot be found, a warning is logged once (as transformers does) and every position counts:
+    ``inputs_embeds`` carry no token ids, and without ``pad_token_id`` a batch of several rows may hold
+    padding nobody can see.
+    """
+    if attention_mask is not None:
+        return attention_mask
+    if input_ids is None:
+        logger.warning_once(
+            "a classifier given inputs_embeds without attention_mask cannot detect padding: every position is "
+            "pooled; pass attention_mask for a padded batch"
+        )
+        return None
+    if pad_token_id is None:
+        if input_ids.shape[0] > 1:
+            logger.warning_once(
+                "config.pad_token_id is None: a classifier given a batch without attention_mask cannot detect "
+                "padding and pools every position; set pad_token_id or pass attention_mask"
+            )
+        return None
+    real = input_ids != pad_token_id
+    after_first = real.cumsum(dim=1) > 0
+    up_to_last = real.flip(1).cumsum(dim=1).flip(1) > 0
+    return (after_first & up_to_last).long()
 
 
 def pool_hidden_states(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from transformers.modeling_outputs import (
 
 from ..cache import RecurrentCache
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
-from .inputs import check_generation_prompt, check_model_inputs, pool_hidden_states
+from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
 
 __all__ = [
     "RecurrentBlock",
@@ -99,11 +100,32 @@ def _pytorch_default_init(module: nn.Linear | nn.Embedding) -> None:
         init.zeros_(module.weight[module.padding_idx])
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _sparing_float32(fn, kept: dict[torch.dtype, set[int]]):
+    """``fn`` (a tensor conversion given to ``nn.Module._apply``), except that a floating tensor whose id is in
+    ``kept[dtype]`` goes to float32, not to the half-precision ``dtype`` that ``fn`` casts to. The target is
+    read from ``fn`` applied to an empty tensor, so every caller of ``_apply`` is covered without parsing its
+    arguments; a conversion that keeps the dtype (a device move, ``to_empty``) runs unchanged."""
+
+    def apply(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_floating_point() and any(id(tensor) in ids for ids in kept.values()):
+            target = fn(tensor.new_empty(0))
+            if target.dtype in kept and id(tensor) in kept[target.dtype]:
+                return tensor.to(device=target.device, dtype=torch.float32)
+        return fn(tensor)
+
+    apply._spares_float32 = True
+    return apply
+
+
 class RecurrentPreTrainedModel(PreTrainedModel):
     """Base of every ssmhub model. A family subclass sets ``config_class`` and ``build_mixer``.
 
     Recurrence parameters live in a submodule named ``ssm`` inside each mixer: they stay float32
-    when a checkpoint is loaded in half precision, get no weight decay in
+    when a checkpoint is loaded in half precision and when the model is cast to it
+    (``model.to(torch.bfloat16)``, ``.half()``; see :meth:`_apply`), get no weight decay in
     :meth:`optimizer_param_groups`, and are initialized from that submodule's
     ``initial_parameter_values()`` through ``transformers.initialization``, which skips any
     parameter that was just loaded from a checkpoint. (The hook must sit on the module that owns
@@ -122,6 +144,38 @@ class RecurrentPreTrainedModel(PreTrainedModel):
         # so that a bad one fails before any weight is built, never after training when it is saved
         config.check_fields()
         super().__init__(config, *inputs, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        """``nn.Module._apply`` (behind ``to``, ``half``, ``bfloat16``, ``type``, ``cuda``...) that keeps the
+        modules of the float32 keep-lists in float32 when the rest is cast to float16 or bfloat16.
+
+        transformers applies ``_keep_in_fp32_modules`` (float16 only) and ``_keep_in_fp32_modules_strict``
+        (float16 and bfloat16) in ``from_pretrained(dtype=...)`` alone (``PreTrainedModel._get_dtype_plan``);
+        a plain ``model.to(torch.bfloat16)`` cast everything, and recurrence parameters rounded to bf16
+        change the outputs (see tests/conformance/test_precision.py). Here both paths give the same model:
+        a kept tensor still moves to the new device but is cast to float32 instead of half precision.
+        Casting a kept module itself (``model.backbone.layers[0].mixer.ssm.bfloat16()``) still rounds it.
+        """
+        if getattr(fn, "_spares_float32", False):  # already wrapped by an enclosing ssmhub model
+            return super()._apply(fn, recurse)
+        kept = {dtype: self._ids_kept_in_float32(dtype) for dtype in _HALF_DTYPES}
+        return super()._apply(_sparing_float32(fn, kept), recurse)
+
+    def _ids_kept_in_float32(self, dtype: torch.dtype) -> set[int]:
+        """ids of the parameters, their gradients and the buffers that a load in ``dtype`` keeps in float32:
+        transformers' rule (``_get_dtype_plan`` and ``core_model_loading``, 5.x): the keep-list names are
+        regular expressions searched for in each tensor's name, ``_keep_in_fp32_modules`` for float16 only."""
+        names = set(self._keep_in_fp32_modules_strict or ())
+        if dtype == torch.float16:
+            names |= set(self._keep_in_fp32_modules or ())
+        if not names:
+            return set()
+        pattern = re.compile("|".join(name.replace("*", ".*") for name in sorted(names)))
+        ids = set()
+        for name, tensor in (*self.named_parameters(), *self.named_buffers()):
+            if pattern.search(name):
+                ids |= {id(tensor)} | ({id(tensor.grad)} if getattr(tensor, "grad", None) is not None else set())
+        return ids
 
     def build_mixer(self, config, layer_idx: int) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must define build_mixer(config, layer_idx)")
@@ -355,7 +409,11 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast | tuple:
+        """Without an ``attention_mask``, padding is found from ``config.pad_token_id`` as transformers'
+        classifiers do (:func:`~ssmhub.models.inputs.infer_padding_mask`), so a padded batch gives each row
+        the logits it gets alone, for every pooling and also for the bidirectional families."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        attention_mask = infer_padding_mask(input_ids, attention_mask, inputs_embeds, self.config.pad_token_id)
         outputs = self.backbone(
             input_ids,
             attention_mask=attention_mask,

@@ -144,7 +144,11 @@ def build_model_config(config: TrainConfig, tokenizer=None):
 
 
 def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]):
-    from ..tokenization import load_tokenizer, train_bpe_tokenizer
+    """The tokenizer of a new run, as a transformers user expects a causal LM's: a pad token distinct from
+    eos (so ``DataCollatorForLanguageModeling`` keeps eos labels) and left padding (batched generation).
+    A given tokenizer that lacks such a pad token gets one (:func:`~ssmhub.tokenization.ensure_pad_token`)
+    before the model is built on ``len(tokenizer)``; a resumed run reuses the tokenizer saved by its start."""
+    from ..tokenization import ensure_pad_token, load_tokenizer, train_bpe_tokenizer
 
     if config.tokenizer:
         tokenizer = load_tokenizer(config.tokenizer)
@@ -152,6 +156,13 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
         tokenizer = train_bpe_tokenizer(train_documents, vocab_size=config.vocab_size)
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {config.tokenizer} has no eos token (needed to join documents)")
+    if not ensure_pad_token(tokenizer, config.model_config.get("vocab_size")):
+        print(
+            f"warning: model_config vocab_size={config.model_config['vocab_size']} leaves no id for a pad token "
+            f"beside the {len(tokenizer)} of tokenizer {config.tokenizer}: pad stays the eos token, so "
+            "DataCollatorForLanguageModeling will mask eos labels; raise vocab_size to get a distinct pad token",
+            flush=True,
+        )
     return tokenizer
 
 
