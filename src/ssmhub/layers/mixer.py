@@ -17,8 +17,9 @@ to a mixer that reads later tokens; and implements the two hooks long documents 
 - :meth:`TokenMixer.forward_with_history`: the states after each of the last k positions, so a cache can roll
   back exactly to any of them (assisted and prompt-lookup decoding).
 
-Both run here through the mixer's own one-token recurrence; a mixer may override ``_forward_documents`` or
-``forward_with_history`` with a faster form of the same numbers.
+Packed rows run every document alone, batched through the mixer's own parallel ``_forward``
+(:mod:`ssmhub.layers.packing`); the history runs through the one-token recurrence. A mixer may override
+``_forward_documents`` or ``forward_with_history`` with a faster form of the same numbers.
 
 How a new mixer joins:
 
@@ -38,6 +39,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .packing import Segments, split_documents
 
 __all__ = ["MixerState", "StateLayout", "TokenMixer", "check_mixer_inputs"]
 
@@ -150,12 +153,22 @@ class TokenMixer(nn.Module):
         if not fits:
             raise ValueError(f"state must hold tensors of shapes {expected}; got {got}")
 
+    def fresh_state_like(self, state: MixerState) -> MixerState:
+        """The state before a first token, shaped as ``state`` (a growing length, attention's keys, keeps its
+        size, all zero and masked out)."""
+        batch_size = next(iter(state.values())).shape[0]
+        device = next(iter(state.values())).device
+        layout = self.state_layout(batch_size)
+        fresh = self.init_state(batch_size, device=device)
+        return {
+            name: torch.zeros_like(value) if None in layout[name][0] else fresh[name].to(value.dtype)
+            for name, value in state.items()
+        }
+
     def reset_state(self, state: MixerState, rows: torch.Tensor) -> MixerState:
         """The state with ``rows`` (B,) bool set back to the state before a first token (document starts)."""
-        fresh = self.init_state(rows.shape[0], device=rows.device)
-        return {
-            name: torch.where(_rows(rows, value), fresh[name].to(value.dtype), value) for name, value in state.items()
-        }
+        fresh = self.fresh_state_like(state)
+        return {name: torch.where(_rows(rows, value), fresh[name], value) for name, value in state.items()}
 
     def _require_state(self) -> None:
         if not self.causal:
@@ -163,11 +176,31 @@ class TokenMixer(nn.Module):
 
     # ----------------------------------------------------------------------------- long documents, rollback
     def _forward_documents(self, x, mask, state, return_state, starts):
-        """Packed rows through the one-token recurrence, restarting every state at a document start.
+        """Packed rows as what they mean, every document run alone: the segments of all rows become one batch
+        (:func:`~ssmhub.layers.packing.split_documents`) through the mixer's own parallel forward, and the
+        outputs go back to their places. Exact for every mixer whose padding adds nothing to a state."""
+        B, L, _ = x.shape
+        segments = split_documents(starts, continuing=state is not None)
+        x_seg = x.reshape(B * L, -1)[segments.index] * segments.valid.unsqueeze(-1).to(x.dtype)  # (S, W, H)
+        valid = segments.valid if mask is None else segments.valid & mask.reshape(-1)[segments.index].bool()
+        seg_state = None if state is None else self._segment_states(state, segments)
+        y_seg, seg_final = self(x_seg, valid.long(), seg_state, return_state)  # (S, W, D_out)
+        slots = segments.index[segments.valid]  # flat positions b·L + t, each once
+        y = y_seg.new_zeros(B * L, y_seg.shape[-1]).index_copy(0, slots, y_seg[segments.valid])
+        final = {name: value[segments.last] for name, value in seg_final.items()} if return_state else None
+        return y.view(B, L, -1), final
 
-        The reference form of packing, exact for every causal mixer; a mixer may override it with a parallel
-        form of the same numbers.
-        """
+    def _segment_states(self, state: MixerState, segments: Segments) -> MixerState:
+        """Each segment's initial state: its row's incoming state where it continues it, else a fresh one."""
+        gathered = {name: value[segments.row] for name, value in state.items()}
+        fresh = self.fresh_state_like(gathered)
+        return {
+            name: torch.where(_rows(segments.continues, value), value, fresh[name]) for name, value in gathered.items()
+        }
+
+    def _forward_documents_stepwise(self, x, mask, state, return_state, starts):
+        """The reference form of packing: the one-token recurrence, restarting every state at a document start
+        (independent of :meth:`_forward_documents`, for tests)."""
         self._require_state()
         if state is None:
             state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)

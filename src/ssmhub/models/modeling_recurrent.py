@@ -28,6 +28,7 @@ from transformers.modeling_outputs import (
 from ..cache import RecurrentCache
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
 from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
+from .packed_inputs import document_starts, packing_arguments
 
 __all__ = [
     "RecurrentBlock",
@@ -70,15 +71,18 @@ class RecurrentBlock(GradientCheckpointingLayer):
         self.mlp = MLP(config.hidden_size, config.intermediate_size) if config.intermediate_size else None
         self.mlp_norm = build_norm(config) if self.mlp else None
 
-    def forward(self, hidden_states, mask=None, state=None, return_state=False):
-        """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``)."""
+    def forward(self, hidden_states, mask=None, state=None, return_state=False, document_starts=None):
+        """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``); ``document_starts``
+        (B, L) bool marks where a packed row's documents begin (every state restarts there)."""
         if self.prenorm:
-            mixed, new_state = self.mixer(self.mixer_norm(hidden_states), mask, state, return_state)
+            mixed, new_state = self.mixer(
+                self.mixer_norm(hidden_states), mask, state, return_state, document_starts=document_starts
+            )
             hidden_states = hidden_states + mixed if self.residual else mixed
             if self.mlp is not None:
                 hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
         else:
-            mixed, new_state = self.mixer(hidden_states, mask, state, return_state)
+            mixed, new_state = self.mixer(hidden_states, mask, state, return_state, document_starts=document_starts)
             hidden_states = self.mixer_norm(hidden_states + mixed)
             if self.mlp is not None:
                 hidden_states = self.mlp_norm(hidden_states + self.mlp(hidden_states))
@@ -268,7 +272,10 @@ class RecurrentModel(RecurrentPreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         """Args follow transformers: ``cache`` (``past_key_values`` before transformers 5.24; either name
         is accepted) is a :class:`~ssmhub.cache.RecurrentCache` whose state the forward continues from
-        (and updates in place when ``use_cache``)."""
+        (and updates in place when ``use_cache``). Packed rows (several documents back to back) are marked the
+        way ``transformers.DataCollatorWithFlattening`` marks them: ``position_ids`` restarting at 0, or
+        ``seq_idx``, or ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (:mod:`ssmhub.models.packed_inputs`); each
+        document then runs as if alone."""
         cache = resolve_cache_argument(cache, past_key_values)
         past_length = cache.get_seq_length() if cache is not None else 0
         check_model_inputs(
@@ -284,6 +291,7 @@ class RecurrentModel(RecurrentPreTrainedModel):
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
         mask = attention_mask[:, -seq_len:] if attention_mask is not None else None  # (B, L) of the new tokens
+        starts = document_starts(hidden_states.shape[:2], mask, past_length, **kwargs)  # None: one document per row
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
 
@@ -292,7 +300,9 @@ class RecurrentModel(RecurrentPreTrainedModel):
             if output_hidden_states:
                 all_hidden_states += (hidden_states,)
             state = cache.get(idx) if cache is not None else None
-            hidden_states, new_state = block(hidden_states, mask=mask, state=state, return_state=use_cache)
+            hidden_states, new_state = block(
+                hidden_states, mask=mask, state=state, return_state=use_cache, document_starts=starts
+            )
             if use_cache:
                 cache.update(idx, new_state)
         if use_cache:
@@ -370,6 +380,7 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **packing_arguments(kwargs),
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -476,6 +487,7 @@ class RecurrentForTokenClassification(RecurrentPreTrainedModel):
             use_cache=False,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **packing_arguments(kwargs),
         )
         logits = self.classifier(outputs.last_hidden_state).float()  # (B, L, num_labels)
         loss = None

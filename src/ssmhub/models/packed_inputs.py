@@ -1,0 +1,102 @@
+"""Document boundaries of packed rows, read from the arguments transformers' padding-free collators give.
+
+``transformers.DataCollatorWithFlattening`` puts a batch's sequences back to back in one row and returns
+``position_ids`` that restart at 0 for every sequence (by default), and optionally ``seq_idx`` (the sequence
+each token belongs to) or the FlashAttention boundaries ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (cumulative
+lengths, one row). The same names are what transformers' padding-free models (Bamba, Granite-MoE-hybrid)
+accept. Any of them marks where a document starts; every mixer then restarts its state there
+(:meth:`ssmhub.layers.mixer.TokenMixer.forward`'s ``document_starts``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PACKING_ARGUMENTS", "document_starts", "packing_arguments"]
+
+PACKING_ARGUMENTS = ("position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
+
+
+def packing_arguments(kwargs: dict) -> dict:
+    """The packed-row arguments among a head's keyword arguments, passed on to its backbone."""
+    return {name: kwargs[name] for name in PACKING_ARGUMENTS if kwargs.get(name) is not None}
+
+
+def document_starts(
+    shape: tuple[int, int],
+    mask: torch.Tensor | None,
+    past_length: int,
+    position_ids: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    **_,
+) -> torch.Tensor | None:
+    """(B, L) bool, True where a document starts after a row's first real token; None when no row holds two
+    documents (then the forward is the plain one, bit for bit).
+
+    Args:
+        shape: (B, L) of the new tokens. mask: (B, L) of the new tokens or None. past_length: tokens in the cache.
+        position_ids: (B, L), restarting at 0 at each document (padding positions are ignored).
+        seq_idx: (B, L) non-decreasing document index per row. cu_seq_lens_q / cu_seq_lens_k: (N + 1,) cumulative
+            document lengths of a single row, from 0 to L.
+    """
+    starts = None
+    if position_ids is not None:
+        starts = _starts_from_position_ids(position_ids, shape, mask, past_length)
+    elif seq_idx is not None:
+        starts = _starts_from_seq_idx(seq_idx, shape)
+    elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
+        name = "cu_seq_lens_q" if cu_seq_lens_q is not None else "cu_seq_lens_k"
+        starts = _starts_from_cu_seq_lens(cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k, shape, name)
+    if starts is None:
+        return None
+    real = torch.ones(shape, dtype=torch.bool, device=starts.device) if mask is None else mask.bool()
+    first_real = real & (real.long().cumsum(1) == 1)
+    later = starts & real & ~first_real  # a start at a row's first real token changes nothing
+    if past_length and later.any():
+        raise ValueError(
+            "position_ids restart at 0 inside a forward that continues a cache: a new document cannot start "
+            "in the middle of a cached decode (start it in a fresh forward, without the cache)"
+        )
+    return later if later.any() else None
+
+
+def _starts_from_position_ids(position_ids, shape, mask, past_length) -> torch.Tensor:
+    if tuple(position_ids.shape) != tuple(shape):
+        raise ValueError(
+            f"position_ids must have shape {tuple(shape)} (B, L of input_ids); got {tuple(position_ids.shape)}"
+        )
+    if not past_length:
+        real = torch.ones(shape, dtype=torch.bool, device=position_ids.device) if mask is None else mask.bool()
+        first = real.long().argmax(1)  # each row's first real token
+        has_real = real.any(1)
+        first_positions = position_ids.gather(1, first[:, None])[:, 0]
+        if (has_real & (first_positions != 0)).any():
+            row = int((has_real & (first_positions != 0)).nonzero()[0, 0])
+            raise ValueError(
+                f"position_ids must be 0 at each row's first real token (a document starts there); row {row} "
+                f"starts at {int(first_positions[row])}"
+            )
+    return position_ids == 0
+
+
+def _starts_from_seq_idx(seq_idx, shape) -> torch.Tensor:
+    if tuple(seq_idx.shape) != tuple(shape):
+        raise ValueError(f"seq_idx must have shape {tuple(shape)} (B, L of input_ids); got {tuple(seq_idx.shape)}")
+    change = seq_idx[:, 1:] - seq_idx[:, :-1]
+    if (change < 0).any():
+        raise ValueError("seq_idx must be non-decreasing along each row (the document index of each token)")
+    return torch.cat([torch.ones_like(seq_idx[:, :1], dtype=torch.bool), change > 0], dim=1)
+
+
+def _starts_from_cu_seq_lens(cu_seq_lens, shape, name) -> torch.Tensor:
+    batch_size, length = shape
+    cu = torch.as_tensor(cu_seq_lens).flatten().long()
+    if batch_size != 1:
+        raise ValueError(f"{name} describes one packed row; got a batch of {batch_size} rows (use position_ids)")
+    if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != length or (cu[1:] <= cu[:-1]).any():
+        raise ValueError(f"{name} must increase strictly from 0 to the row length {length}; got {cu.tolist()}")
+    starts = torch.zeros(shape, dtype=torch.bool, device=cu.device)
+    starts[0, cu[:-1]] = True
+    return starts
