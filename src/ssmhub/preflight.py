@@ -151,18 +151,21 @@ def model_config_class(
     from .models.auto import FAMILIES
 
     known = _registered_model_types()
+    families = ", ".join([*sorted(FAMILIES), *extra_types])
     if model_type not in known:
         close = difflib.get_close_matches(model_type, [*known, *extra_types], n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        families = ", ".join([*sorted(FAMILIES), *extra_types])
-        purpose = f" that has {purpose}" if purpose else ""
+        that_has = f" that has {purpose}" if purpose else ""
         raise ValueError(
             f"{option} {model_type!r} is not a registered model type; {hint}use an ssmhub family ({families}) "
-            f"or any transformers model_type{purpose} (e.g. 'gpt2', 'mamba')"
+            f"or any transformers model_type{that_has} (e.g. 'gpt2', 'mamba')"
         )
     config_class = CONFIG_MAPPING[model_type]
     if auto_class is not None and config_class not in auto_class._model_mapping:
-        raise ValueError(f"{option} {model_type!r} has no {purpose or auto_class.__name__} model")
+        raise ValueError(
+            f"{option} {model_type!r} has no {auto_class.__name__} model ({purpose or 'needed here'}); "
+            f"use an ssmhub family ({families})"
+        )
     return config_class
 
 
