@@ -287,5 +287,6 @@ def test_an_output_path_that_is_a_folder_is_refused_before_training(tmp_path, ca
         main([option, str(tmp_path / "target"), "--seq_len", "16", "--max_steps", "1"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"ssmhub-synthetic: error: {option} {tmp_path / 'target'} is a folder") and err.count("\n") == 1
+    assert err.startswith(f"ssmhub-synthetic: error: {option} {tmp_path / 'target'} is a folder")
+    assert err.count("\n") == 1
     assert not any((tmp_path / "target").iterdir())

@@ -366,3 +366,29 @@ def test_tensorboard_tracker_gets_the_logged_metrics(tmp_path, tiny_data_dir):
     for step, loss in losses(out).items():
         assert logged[step] == pytest.approx(loss, rel=1e-6)
     assert [e.step for e in accumulator.Scalars("validation/loss")] == [3, 6]
+
+
+def test_a_training_checkpoint_is_evaluated_like_the_saved_model(finished_run, tiny_data_dir, capsys):
+    from ssmhub.evaluation.cli import run_evaluation
+
+    options = ["--dataset", "wikitext-2", "--data_dir", str(tiny_data_dir), "--max_length", "16"]
+    options += ["--max_documents", "2"]
+    final = run_evaluation([str(finished_run), *options])
+    checkpoint = run_evaluation([str(finished_run / "checkpoints" / "step-6"), *options])  # step 6 is the last
+    assert checkpoint["tokenizer"] == str(finished_run / "checkpoints" / "tokenizer")
+    assert checkpoint["results"] == final["results"]
+    earlier = run_evaluation([str(finished_run / "checkpoints" / "step-3"), *options])
+    assert earlier["results"]["token_perplexity"] != final["results"]["token_perplexity"]
+
+
+def test_a_checkpoint_outside_its_run_folder_is_one_line(finished_run, tiny_data_dir, tmp_path, capsys):
+    from ssmhub.evaluation.cli import main as evaluate
+
+    alone = shutil.copytree(finished_run / "checkpoints" / "step-6", tmp_path / "step-6")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate([str(alone), "--dataset", "wikitext-2", "--data_dir", str(tiny_data_dir)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"training checkpoint {alone} cannot be evaluated" in err
+    assert "train_config.json is missing" in err
