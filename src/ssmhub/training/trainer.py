@@ -5,12 +5,16 @@
 - :func:`_prepare` builds everything the loop needs (a :class:`_TrainingSetup`) and where it starts
   (a :class:`_Progress`):
 
-  1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys,
-     seq_len against any length limit the model config declares), before any data is read
+  1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys
+     and values, seq_len against any length limit the model config declares, an ``output_dir`` that is
+     a writable folder and, for a fresh run without ``overwrite_output_dir``, empty; a checkpoint to
+     ``resume``; Hub access for ``push_to_hub``), before any data is read or anything written
      (:func:`_check_before_reading_data`), and starts Accelerate (:func:`_start_accelerator`);
   2. trains a BPE on the train documents, streamed (or loads ``tokenizer``), on the main process and
-     saves it in ``output_dir/checkpoints/tokenizer`` so every process (and a resumed run) uses the same
-     one (:func:`_shared_tokenizer`);
+     saves it where every process loads it (:func:`_shared_tokenizer`): ``output_dir/.tmp-tokenizer``,
+     moved to ``output_dir/checkpoints/tokenizer`` (where a resumed run finds it) once steps 2-4 have
+     worked (:func:`_install_staged_tokenizer`); a start that fails in them leaves ``output_dir`` as it
+     was (:func:`_nothing_left_on_failure`);
   3. tokenizes both splits into fixed-length windows once, into an on-disk cache that later runs reuse
      (:func:`ssmhub.data.cached_token_windows`; windows are memory-mapped, PG-19 is read book by
      book and its windows never cross a book), builds the model from
