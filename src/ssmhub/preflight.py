@@ -53,14 +53,14 @@ def _check_creatable(path: Path, option: str) -> None:
         raise ValueError(f"{option} {path} cannot be created: the folder {base} is not writable")
 
 
-def check_output_file(path: str | os.PathLike | None, option: str) -> None:
+def check_output_file(path: str | os.PathLike | None, option: str, example: str = "results.json") -> None:
     """Raise ValueError unless ``path`` (if given) can be written as a file: not a folder, and writable or
-    creatable."""
+    creatable; ``example`` is the file name the message suggests for a folder."""
     if path is None:
         return
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{option} {path} is a folder; give a file path, such as {path / 'results.json'}")
+        raise ValueError(f"{option} {path} is a folder; give a file path, such as {path / example}")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{option} {path} is not writable")
     _check_creatable(path, option)

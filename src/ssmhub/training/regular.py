@@ -115,7 +115,7 @@ class RegularRunConfig:
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
         check_model_config_keys(model_config_class_of(self), self.model_config, set_by=_SET_BY_THE_TASK)
-        check_output_file(self.checkpoint, "--checkpoint")
+        check_output_file(self.checkpoint, "--checkpoint", example="run.pt")
 
 
 @dataclass

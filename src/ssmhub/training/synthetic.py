@@ -122,7 +122,7 @@ def validate_run(config: SyntheticRunConfig):
         raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay!r}")
     if config.matmul_precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}; got {config.matmul_precision!r}")
-    check_output_file(config.checkpoint, "--checkpoint")
+    check_output_file(config.checkpoint, "--checkpoint", example="run.pt")
     if config.task in ("mqar", "associative_recall", "induction_head"):
         options = {"vocab_size": config.vocab_size}
         if config.task == "mqar":
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     results = args.pop("results")
     with parser.bad_input_errors():
-        check_output_file(results, "--results")
+        check_output_file(results, "--results", example="results.jsonl")
         row = run_synthetic(SyntheticRunConfig(**args), log=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(row, default=str))
     if results:
