@@ -11,8 +11,8 @@ def score_stream(folder: str, dataset: str, split: str, max_length: int, stride:
     from ssmhub.evaluation.cli import run_evaluation
 
     argv = [folder, "--dataset", dataset, "--split", split, "--stream", "--device", "cpu"]
-    argv += ["--max-length", str(max_length), "--stride", str(stride), "--batch-size", str(batch_size)]
+    argv += ["--max_length", str(max_length), "--stride", str(stride), "--batch_size", str(batch_size)]
     if data_dir:
-        argv += ["--data-dir", data_dir]
+        argv += ["--data_dir", data_dir]
     with contextlib.redirect_stdout(io.StringIO()):
         return run_evaluation(argv)["results"]

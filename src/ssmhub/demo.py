@@ -2,10 +2,10 @@
 
 Run ``python -m ssmhub.demo`` (or ``ssmhub-demo``; ``make demo`` sets everything up first). Steps:
 
-1. :func:`ssmhub.training.train` (what ``ssmhub-train`` runs): load WikiText-2 (``--data-dir`` /
+1. :func:`ssmhub.training.train` (what ``ssmhub-train`` runs): load WikiText-2 (``--data_dir`` /
    ``$SSMHUB_DATA_DIR``, else the Hugging Face Hub), train a byte-level BPE on the train split, train a
    small :class:`~ssmhub.DLRForCausalLM` with Accelerate (AdamW over the model's parameter groups, warmup
-   + cosine), evaluate it, checkpoint it, and save model, tokenizer and model card in ``--output-dir``;
+   + cosine), evaluate it, checkpoint it, and save model, tokenizer and model card in ``--output_dir``;
 2. ``ssmhub-eval`` on the saved folder: sliding-window token- and word-level perplexity and top-1/top-5
    next-token accuracy on the whole WikiText-2 validation split;
 3. reload the folder with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and generate from a left-padded
@@ -18,6 +18,7 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .command_line import CommandLineParser
 from .data import DATA_DIR_ENV
 from .evaluation.cli import run_evaluation
 from .training import TrainConfig, train
@@ -26,31 +27,32 @@ PROMPTS = [" The history of", " In 1998 ,"]  # WikiText lines start with a space
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    """The demo's options (``--flag_name``; ``--flag-name`` is accepted too)."""
+    parser = CommandLineParser(
         prog="python -m ssmhub.demo",
         description="Train a small DLR language model on WikiText-2 on the CPU, evaluate, reload and generate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--data-dir",
+        "--data_dir",
         default=os.environ.get(DATA_DIR_ENV) or None,
         help=f"folder holding wikitext-2/wiki.*.tokens (default ${DATA_DIR_ENV}; if unset, the Hugging Face Hub)",
     )
-    parser.add_argument("--output-dir", default="runs/demo", help="where model, tokenizer and card are saved")
-    parser.add_argument("--max-steps", type=int, default=600, help="training steps (about 3 minutes on 2 cores)")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--vocab-size", type=int, default=4096, help="size of the BPE trained on the train split")
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--state-size", type=int, default=64)
-    parser.add_argument("--intermediate-size", type=int, default=512)
+    parser.add_argument("--output_dir", default="runs/demo", help="where model, tokenizer and card are saved")
+    parser.add_argument("--max_steps", type=int, default=600, help="training steps (about 3 minutes on 2 cores)")
+    parser.add_argument("--seq_len", type=int, default=128)
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--vocab_size", type=int, default=4096, help="size of the BPE trained on the train split")
+    parser.add_argument("--hidden_size", type=int, default=256)
+    parser.add_argument("--num_layers", type=int, default=4)
+    parser.add_argument("--state_size", type=int, default=64)
+    parser.add_argument("--intermediate_size", type=int, default=512)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--warmup-steps", type=int, default=50)
-    parser.add_argument("--eval-windows", type=int, default=512, help="validation windows evaluated in training")
-    parser.add_argument("--eval-max-length", type=int, default=256, help="sliding-window length of the evaluation")
-    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--weight_decay", type=float, default=0.1)
+    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--eval_windows", type=int, default=512, help="validation windows evaluated in training")
+    parser.add_argument("--eval_max_length", type=int, default=256, help="sliding-window length of the evaluation")
+    parser.add_argument("--max_new_tokens", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -92,10 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     print("\n== 2. evaluate the saved folder (ssmhub-eval)", flush=True)
     stride = args.eval_max_length // 2
     eval_argv = [args.output_dir, "--dataset", "wikitext-2", "--split", "validation",
-                 "--max_length", str(args.eval_max_length), "--stride", str(stride), "--batch-size", "8",
+                 "--max_length", str(args.eval_max_length), "--stride", str(stride), "--batch_size", "8",
                  "--output", os.path.join(args.output_dir, "eval_wikitext-2_validation.json")]  # fmt: skip
     if args.data_dir:
-        eval_argv += ["--data-dir", args.data_dir]
+        eval_argv += ["--data_dir", args.data_dir]
     run_evaluation(eval_argv)  # prints its table and writes the JSON next to the model
 
     print("\n== 3. reload with AutoModelForCausalLM and generate", flush=True)

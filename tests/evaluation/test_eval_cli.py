@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import datasets
@@ -181,7 +182,7 @@ def test_wikitext_from_mocked_hub(model_dir, monkeypatch):
         (["--stride", "65"], "stride"),
         (["--stride", "0"], "stride"),
         (["--max_length", "1", "--stride", "1"], "max_length"),
-        (["--max-documents", "0"], "max-documents"),
+        (["--max-documents", "0"], "--max_documents must be positive"),
         (["--dataset", "wikitext-7"], "invalid choice"),
         (["--split", "train"], "invalid choice"),
         (["--stream", "--dataset", "pg19"], "--stream"),
@@ -206,3 +207,77 @@ def test_missing_folders_are_named(model_dir, tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err
+
+
+def copy_without(folder: Path, target: Path, *names: str) -> Path:
+    """A copy of ``folder`` without the files ``names``."""
+    shutil.copytree(folder, target, ignore=shutil.ignore_patterns(*names))
+    return target
+
+
+def no_work(*_args, **_kwargs):
+    raise AssertionError("data or model loaded before the arguments were checked")
+
+
+def classifier_dir(model_dir: Path, target: Path) -> Path:
+    """A DLR sequence classifier saved with the model folder's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = ssmhub.DLRConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=4)
+    ssmhub.DLRForSequenceClassification(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.mark.parametrize(
+    ("make", "extra", "message"),
+    [
+        (lambda m, t: copy_without(m, t, "tokenizer*"), [], "has no tokenizer"),
+        (lambda m, t: copy_without(m, t, "config.json"), [], "has no config.json"),
+        (classifier_dir, [], "is a DLRForSequenceClassification, not a causal language model"),
+        (lambda m, t: m / "model.safetensors", [], "is a file; give the folder"),
+        (lambda m, t: m, ["--device", "cuda"], "--device cuda: CUDA is not available"),
+        (lambda m, t: m, ["--device", "gpu"], "--device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        (lambda m, t: m, ["--tokenizer", "__T__"], "--tokenizer folder"),
+        (lambda m, t: m, ["--output", "__T__"], "--output"),
+    ],
+)
+def test_bad_model_folders_and_options_are_one_line_before_any_work(
+    model_dir, tmp_path, capsys, monkeypatch, make, extra, message
+):
+    import ssmhub.evaluation.cli as cli
+
+    monkeypatch.setattr(cli, "_prepare_data", no_work)
+    monkeypatch.setattr(cli, "_load_model_and_tokenizer", no_work)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    target = tmp_path / "target"
+    model = make(model_dir, target)
+    target.mkdir(exist_ok=True)  # an empty folder for --tokenizer / --output
+    extra = [str(target) if arg == "__T__" else arg for arg in extra]
+    before = sorted(tmp_path.rglob("*"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(model), "--dataset", "wikitext-2", "--data_dir", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ssmhub-eval: error:") and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err, err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_a_folder_missing_lm_weights_is_refused(model_dir, tmp_path, capsys, monkeypatch):
+    """A saved base model (no LM head, untied) loads as a causal LM with a random head: refused after loading."""
+    from safetensors.torch import load_file, save_file
+
+    folder = shutil.copytree(model_dir, tmp_path / "headless")
+    state = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in state.items() if "layers.1" not in k}, folder / "model.safetensors", {"format": "pt"})
+    monkeypatch.setattr("ssmhub.evaluation.cli._prepare_data", lambda args: (iter(()), "none"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(folder), "--dataset", "wikitext-2", "--data_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err  # transformers' load report (a warning), then the error line
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("ssmhub-eval: error: model") and err.count("ssmhub-eval: error:") == 1
+    assert "lacks weights a causal LM needs" in last and "layers.1" in last and "Traceback" not in err

@@ -116,13 +116,19 @@ def test_cli_reports_prefix_buckets_up_to_the_test_length(tmp_path, capsys):
     [
         (["--task", "mod_arith", "--train_length", "40"], "length"),
         (["--steps", "0"], "steps must be a positive integer"),
-        (["--model_type", "no-such-family"], "no-such-family"),
+        (["--model_type", "no-such-family"], "--model_type 'no-such-family' is not a registered model type"),
+        (["--model_type", "mamba"], "--model_type 'mamba' has no AutoModelForTokenClassification model"),
+        (["--model_config", '{"hidden_size": "abc"}'], "--model_config does not fit the 'bdlrnn' config"),
+        (["--model_config", '{"num_labels": 3}'], "--model_config key 'num_labels' is set by --task"),
+        (["--model_config", "[1]"], "argument --model_config: expected a JSON object"),
     ],
 )
 def test_bad_input_is_one_clear_error(args, message, capsys):
-    assert main([*args, "--test_sequences", "4"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--test_sequences", "4"])
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("ssmhub-regular: error:") and message in err
+    assert err.startswith("ssmhub-regular: error:") and message in err and err.count("\n") == 1
 
 
 def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path):
@@ -168,3 +174,23 @@ def test_matmul_precision_applies_to_the_run_only():
     assert torch.get_float32_matmul_precision() == before and result.config["matmul_precision"] == "medium"
     with pytest.raises(ValueError, match="matmul_precision must be one of"):
         run_regular(tiny(matmul_precision="low"), log=lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("option", "make"),
+    [("--checkpoint", lambda path: path.mkdir()), ("--output", lambda path: path.mkdir())],
+)
+def test_an_output_path_that_is_a_folder_is_refused_before_training(tmp_path, capsys, monkeypatch, option, make):
+    import ssmhub.training.regular as regular
+
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("training started before the paths were checked")
+
+    monkeypatch.setattr(regular, "build_model", no_work)
+    make(tmp_path / "target")
+    with pytest.raises(SystemExit) as exit_info:
+        main([option, str(tmp_path / "target"), "--steps", "1", "--test_sequences", "4"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ssmhub-regular: error: {option} {tmp_path / 'target'} is a folder") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"] and not any((tmp_path / "target").iterdir())

@@ -243,12 +243,17 @@ def test_cli_mqar_run_reports_accuracy(tmp_path, capsys):
         (["--task", "shift", "--seq_len", "4"], "seq_len must be an integer >= 8 for shift"),
         (["--task", "mqar", "--seq_len", "64", "--num_kv_pairs", "32"], "num_kv_pairs=32 does not fit seq_len=64"),
         (["--task", "mqar", "--seq_len", "64", "--num_kv_pairs", "4", "--vocab_size", "8"], "vocab_size=8"),
-        (["--model_type", "no-such-family"], "model_type 'no-such-family' is not a registered family"),
+        (["--model_type", "no-such-family"], "--model_type 'no-such-family' is not a registered model type"),
+        (["--model_type", "atention"], "did you mean 'attention'?"),
+        (["--model_config", '{"hidden_size": "abc"}'], "--model_config key 'hidden_size' is set by --hidden_size"),
+        (["--model_config", '{"state_size": "abc"}'], "--model_config does not fit the 'dlr' config"),
+        (["--model_type", "attention", "--model_config", '{"n_layer": 3}'], "'n_layer' is set by --num_layers"),
         (["--model_type", "attention", "--hidden_size", "10"], "hidden_size must be a multiple of 4"),
         (["--model_type", "bdlrnn", "--hidden_size", "12"], "hidden_size"),
         (["--max_steps", "0"], "max_steps must be a positive integer"),
         (["--lr", "-1"], "lr must be a positive number"),
         (["--device", "tpu"], "device"),
+        (["--device", "cuda:7"], "--device cuda:7"),
         (["--seed", "7", "--eval_seed", "7"], "seed must differ from eval_seed"),
         (["--checkpoint_every", "0"], "checkpoint_every must be a positive integer"),
     ],
@@ -259,11 +264,29 @@ def test_bad_input_is_one_clear_error_before_any_work(args, message, capsys, mon
 
     monkeypatch.setattr(synthetic, "_build_model", no_work)
     monkeypatch.setattr(synthetic, "fixed_eval_set", no_work)
-    assert main(args) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("ssmhub-synthetic: error:") and message in err
+    assert err.startswith("ssmhub-synthetic: error:") and message in err and err.count("\n") == 1
 
 
 def test_the_api_raises_value_error():
     with pytest.raises(ValueError, match="num_kv_pairs"):
         run_synthetic(tiny(task="mqar", seq_len=16, num_kv_pairs=5))
+
+
+@pytest.mark.parametrize("option", ["--checkpoint", "--results"])
+def test_an_output_path_that_is_a_folder_is_refused_before_training(tmp_path, capsys, monkeypatch, option):
+    def no_work(*_args, **_kwargs):
+        raise AssertionError("work started before the paths were checked")
+
+    monkeypatch.setattr(synthetic, "_build_model", no_work)
+    (tmp_path / "target").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main([option, str(tmp_path / "target"), "--seq_len", "16", "--max_steps", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ssmhub-synthetic: error: {option} {tmp_path / 'target'} is a folder")
+    assert err.count("\n") == 1
+    assert not any((tmp_path / "target").iterdir())

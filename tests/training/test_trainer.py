@@ -142,12 +142,6 @@ def test_damaged_checkpoint_errors_naming_the_path(finished_run, tmp_path, tiny_
     assert max(losses(out)) == 6  # nothing was trained from scratch
 
 
-def test_resume_without_checkpoint_errors(tmp_path, tiny_data_dir, capsys):
-    with pytest.raises(SystemExit):
-        main([*tiny_args(tiny_data_dir, tmp_path / "empty"), "--resume"])
-    assert "no checkpoint in" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -178,22 +172,73 @@ def test_bad_input_fails_before_training(tmp_path, tiny_data_dir, capsys, overri
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
 
 
-def test_push_offline_fails_after_the_local_save(tmp_path, tiny_data_dir, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def hub_reachable(monkeypatch, user: str = "me") -> None:
+    """A token and a Hub that accepts it, without the network (``huggingface_hub.whoami`` mocked)."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_for_test")
+    monkeypatch.setattr(huggingface_hub, "whoami", lambda token=None: {"name": user})
+
+
+def test_push_that_fails_after_the_local_save_keeps_the_folder(tmp_path, tiny_data_dir, capsys, monkeypatch):
+    import huggingface_hub
+
+    hub_reachable(monkeypatch)
+
+    def no_network(self, *args, **kwargs):
+        raise ConnectionError("network down for hf_secret_token_for_test")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", no_network)
     out = tmp_path / "pushed"
     with pytest.raises(SystemExit) as exit_info:
         main(tiny_args(tiny_data_dir, out, save_steps=0, push_to_hub=None, hub_model_id="my-org/tiny-dlr"))
     assert exit_info.value.code == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "ssmhub-train: error:" in line]
-    assert len(err) == 1 and "my-org/tiny-dlr" in err[0] and "HF_HUB_OFFLINE" in err[0]
-    err = "\n".join(err)
-    assert "my-org/tiny-dlr" in err and "hf_secret_token_for_test" not in err
+    assert len(err) == 1 and "my-org/tiny-dlr" in err[0] and "network down" in err[0]
+    assert "hf_secret_token_for_test" not in err[0]
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "loss.png"} <= {
         p.name for p in out.iterdir()
     }
     assert "my-org/tiny-dlr" in (out / "README.md").read_text()
     AutoModelForCausalLM.from_pretrained(out)
+
+
+def no_token(monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+
+
+def token_refused(monkeypatch):
+    import huggingface_hub
+
+    def refuse(token=None):
+        raise OSError(f"401 Client Error: invalid token {token}")
+
+    hub_reachable(monkeypatch)
+    monkeypatch.setattr(huggingface_hub, "whoami", refuse)
+
+
+@pytest.mark.parametrize(
+    ("hub", "message"),
+    [
+        (lambda mp: mp.setenv("HF_HUB_OFFLINE", "1"), "--push_to_hub: HF_HUB_OFFLINE is set"),
+        (no_token, "--push_to_hub needs a Hugging Face token"),
+        (token_refused, "--push_to_hub: the Hub did not accept the token"),
+    ],
+)
+def test_a_push_that_cannot_work_is_refused_before_training(tmp_path, tiny_data_dir, capsys, monkeypatch, hub, message):
+    hub_reachable(monkeypatch)
+    hub(monkeypatch)
+    out = tmp_path / "pushed"
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_args(tiny_data_dir, out, push_to_hub=None, hub_model_id="my-org/tiny-dlr"))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "hf_secret_token_for_test" not in err
+    assert not out.exists()  # nothing trained, nothing written
 
 
 def test_train_api_returns_a_result(tmp_path, tiny_data_dir):
@@ -227,11 +272,68 @@ def test_resume_with_a_different_data_option_errors(finished_run, tmp_path, tiny
 def test_fresh_run_into_a_used_output_dir_errors(finished_run, tmp_path, tiny_data_dir, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished_run, out)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         main(tiny_args(tiny_data_dir, out))
-    assert "holds checkpoints of an earlier run" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert f"--output_dir {out} is not empty" in capsys.readouterr().err
     main(tiny_args(tiny_data_dir, out, max_steps=4, overwrite_output_dir=None))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "tokenizer"]
+
+
+def test_a_saved_model_without_checkpoints_is_never_overwritten(finished_run, tmp_path, tiny_data_dir, capsys):
+    out = tmp_path / "model"
+    shutil.copytree(finished_run, out, ignore=shutil.ignore_patterns("checkpoints"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_args(tiny_data_dir, out, max_steps=2))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--output_dir" in err and "--overwrite_output_dir" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"resume": None}, "--resume: no checkpoint in"),
+        ({"seq_len": 4096}, "seq_len 4096 is longer than the whole tokenized split"),
+    ],
+)
+def test_a_start_that_fails_after_the_tokenizer_leaves_nothing(tmp_path, tiny_data_dir, capsys, overrides, message):
+    out = tmp_path / "refused"
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_args(tiny_data_dir, out, **overrides))
+    assert exit_info.value.code in (1, 2)
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_failed_overwrite_keeps_the_earlier_run(finished_run, tmp_path, tiny_data_dir, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(SystemExit):
+        main(tiny_args(tiny_data_dir, out, seq_len=4096, overwrite_output_dir=None))
+    assert "seq_len 4096 is longer" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before  # checkpoints kept, no staging left
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda path: path.write_text("not a folder"), "is a file"),
+        (lambda path: (path.parent / "blocker").write_text("x"), "blocker is a file"),
+    ],
+)
+def test_an_output_dir_that_cannot_be_a_folder_is_refused(tmp_path, tiny_data_dir, capsys, make, message):
+    out = tmp_path / "out"
+    make(out)
+    target = out if out.exists() else tmp_path / "blocker" / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_args(tiny_data_dir, target))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ssmhub-train: error: --output_dir") and message in err and err.count("\n") == 1
 
 
 def test_given_tokenizer_is_used(finished_run, tmp_path, tiny_data_dir):
@@ -264,3 +366,29 @@ def test_tensorboard_tracker_gets_the_logged_metrics(tmp_path, tiny_data_dir):
     for step, loss in losses(out).items():
         assert logged[step] == pytest.approx(loss, rel=1e-6)
     assert [e.step for e in accumulator.Scalars("validation/loss")] == [3, 6]
+
+
+def test_a_training_checkpoint_is_evaluated_like_the_saved_model(finished_run, tiny_data_dir, capsys):
+    from ssmhub.evaluation.cli import run_evaluation
+
+    options = ["--dataset", "wikitext-2", "--data_dir", str(tiny_data_dir), "--max_length", "16"]
+    options += ["--max_documents", "2"]
+    final = run_evaluation([str(finished_run), *options])
+    checkpoint = run_evaluation([str(finished_run / "checkpoints" / "step-6"), *options])  # step 6 is the last
+    assert checkpoint["tokenizer"] == str(finished_run / "checkpoints" / "tokenizer")
+    assert checkpoint["results"] == final["results"]
+    earlier = run_evaluation([str(finished_run / "checkpoints" / "step-3"), *options])
+    assert earlier["results"]["token_perplexity"] != final["results"]["token_perplexity"]
+
+
+def test_a_checkpoint_outside_its_run_folder_is_one_line(finished_run, tiny_data_dir, tmp_path, capsys):
+    from ssmhub.evaluation.cli import main as evaluate
+
+    alone = shutil.copytree(finished_run / "checkpoints" / "step-6", tmp_path / "step-6")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate([str(alone), "--dataset", "wikitext-2", "--data_dir", str(tiny_data_dir)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"training checkpoint {alone} cannot be evaluated" in err
+    assert "train_config.json is missing" in err

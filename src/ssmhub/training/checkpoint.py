@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "list_checkpoints",
     "load_checkpoint",
+    "newest_checkpoint",
     "save_checkpoint",
     "verify_checkpoint",
 ]
@@ -92,15 +93,33 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state
     return final
 
 
-def verify_checkpoint(path: str | os.PathLike) -> dict:
-    """Check a checkpoint folder against its marker; return its trainer state or raise CheckpointError."""
-    path = Path(path)
+def _marker(path: Path) -> Path:
+    """The completion marker of the checkpoint folder ``path``; CheckpointError if it has none."""
     marker = path / MARKER
     if not marker.is_file():
         raise CheckpointError(
             f"checkpoint {path} is incomplete or damaged: it has no {MARKER} marker (delete the folder to resume "
             "from an older checkpoint)"
         )
+    return marker
+
+
+def newest_checkpoint(output_dir: str | os.PathLike) -> Path:
+    """The newest ``step-N`` folder under ``output_dir``, which must carry its completion marker (cheap:
+    the checksums are verified when it loads). Raises CheckpointError when there is none or it is unmarked."""
+    found = list_checkpoints(output_dir)
+    if not found:
+        raise CheckpointError(
+            f"--resume: no checkpoint in {checkpoints_dir(output_dir)} (run without --resume to start from scratch)"
+        )
+    _marker(found[-1])
+    return found[-1]
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict:
+    """Check a checkpoint folder against its marker; return its trainer state or raise CheckpointError."""
+    path = Path(path)
+    marker = _marker(path)
     try:
         files = json.loads(marker.read_text(encoding="utf-8"))["files"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
@@ -122,12 +141,7 @@ def load_checkpoint(accelerator, output_dir: str | os.PathLike) -> tuple[Path, d
 
     Raises CheckpointError when there is none or the newest is damaged.
     """
-    found = list_checkpoints(output_dir)
-    if not found:
-        raise CheckpointError(
-            f"--resume: no checkpoint in {checkpoints_dir(output_dir)} (run without --resume to start from scratch)"
-        )
-    path = found[-1]
+    path = newest_checkpoint(output_dir)
     state = verify_checkpoint(path)
     try:
         accelerator.load_state(str(path))

@@ -7,16 +7,15 @@ Examples::
     ssmhub-train --config run.yaml --resume
     accelerate launch --multi_gpu --num_processes 2 -m ssmhub.training.cli --config run.yaml --cpu
 
-A bad option, a missing data folder, a damaged checkpoint or a failed push ends the run with a
-one-line ``ssmhub-train: error: ...`` on stderr and exit status 2 (bad input) or 1 (checkpoint, push).
+A bad option, a missing data folder, an output folder that holds another run, a push that could not
+work, a damaged checkpoint or a failed push ends the run with a one-line ``ssmhub-train: error: ...`` on
+stderr and exit status 2 (bad input, found before anything is written) or 1 (checkpoint, push).
 """
 
 from __future__ import annotations
 
-import sys
-
 from .checkpoint import CheckpointError
-from .config import config_from_args
+from .config import build_arg_parser, config_from_args
 from .model_card import HubPushError
 from .trainer import train
 
@@ -24,21 +23,15 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), train, and return 0; exit non-zero with one line on errors."""
+    """Parse ``argv`` (default ``sys.argv[1:]``), train, and return 0; exit with one line on errors:
+    status 2 for bad input (found before the first step), 1 for a damaged checkpoint or a failed push."""
+    parser = build_arg_parser()
     try:
-        config = config_from_args(argv)
-        train(config)
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
-        _fail(err, status=2)
+        with parser.bad_input_errors(NotImplementedError):
+            train(config_from_args(argv, parser))
     except (CheckpointError, HubPushError) as err:
-        _fail(err, status=1)
+        parser.fail(err, status=1)
     return 0
-
-
-def _fail(err: Exception, status: int) -> None:
-    message = " ".join(str(err).split())  # one line
-    print(f"ssmhub-train: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(status)
 
 
 if __name__ == "__main__":

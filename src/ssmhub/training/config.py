@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..command_line import CommandLineParser, json_object
+
 __all__ = ["MIXED_PRECISION_CHOICES", "TrainConfig", "build_arg_parser", "config_from_args", "load_config_file"]
 
 MIXED_PRECISION_CHOICES = ("no", "bf16", "fp16")
@@ -28,7 +30,7 @@ class TrainConfig:
 
     # where things go
     output_dir: str = "runs/train"
-    overwrite_output_dir: bool = False  # a fresh run may replace the checkpoints of an earlier run there
+    overwrite_output_dir: bool = False  # a fresh run may write into a non-empty output_dir (replacing what is there)
     # data
     dataset: str = "wikitext-2"  # a name registered in ssmhub.training.data (wikitext-2, wikitext-103, ...)
     data_dir: str | None = None  # local copy of the data; default $SSMHUB_DATA_DIR, else the Hugging Face Hub
@@ -158,22 +160,12 @@ def _base_type(annotation: Any) -> Any:
     return typing.get_origin(hint) or hint
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object such as '{\"hidden_size\": 256}'")
-    return value
-
-
-def build_arg_parser(prog: str = "ssmhub-train") -> argparse.ArgumentParser:
-    """One flag per TrainConfig field; flags not given stay absent (so a config file's values hold)."""
-    parser = argparse.ArgumentParser(
+def build_arg_parser(prog: str = "ssmhub-train") -> CommandLineParser:
+    """One flag per TrainConfig field (``--field_name``, also accepted as ``--field-name``); flags not given
+    stay absent (so a config file's values hold)."""
+    parser = CommandLineParser(
         prog=prog,
         description="Train an ssmhub language model with Accelerate (options: a --config file and/or flags).",
-        allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", help="JSON or YAML file of options; flags override its values")
@@ -185,7 +177,7 @@ def build_arg_parser(prog: str = "ssmhub-train") -> argparse.ArgumentParser:
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=f"default {default}")
         elif kind is dict:
-            parser.add_argument(flag, type=_json_object, metavar="JSON", help=f"default {default}")
+            parser.add_argument(flag, type=json_object, metavar="JSON", help=f"default {default}")
         elif kind is list:
             parser.add_argument(flag, type=str, metavar="A,B", help=f"comma-separated; default {default}")
         else:
@@ -193,9 +185,9 @@ def build_arg_parser(prog: str = "ssmhub-train") -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(argv: list[str] | None = None) -> TrainConfig:
+def config_from_args(argv: list[str] | None = None, parser: CommandLineParser | None = None) -> TrainConfig:
     """Parse CLI flags (and the ``--config`` file they name) into a validated TrainConfig."""
-    parser = build_arg_parser()
+    parser = parser or build_arg_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         raise ValueError(

@@ -33,9 +33,7 @@ around its mixer (the code's: no residual around the last layer, a ReLU MLP head
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import math
 import sys
 import time
@@ -45,9 +43,11 @@ from typing import Any
 
 import torch
 
+from ..command_line import CommandLineParser, json_object
 from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_position
 from ..fileio import write_json_atomic
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
+from ..preflight import check_model_config_keys, check_output_file, make_model_config, model_config_class
 from .run_state import load_run_state, restore_run_state, save_run_state
 
 __all__ = [
@@ -69,6 +69,8 @@ TASK_LAYERS = {"mod_arith": 3}
 # ModArith), then every 100 up to the test length, whatever it is; the last bucket ends at it.
 FIRST_BUCKET_END = 40
 BUCKET_WIDTH = 100
+# --model_config keys the run sets itself from --task (they would clash with the task's data).
+_SET_BY_THE_TASK = {"vocab_size": "--task", "num_labels": "--task"}
 # Settings that may differ between a run and the run that resumes its checkpoint: the budget, where
 # the checkpoint lives, and the final test set (used only after training).
 RESUMABLE_CHANGES = ("steps", "checkpoint", "test_sequences", "test_seed")
@@ -112,8 +114,8 @@ class RegularRunConfig:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
-        if not isinstance(self.model_config, dict):
-            raise ValueError(f"model_config must be a mapping of config fields; got {self.model_config!r}")
+        check_model_config_keys(model_config_class_of(self), self.model_config, set_by=_SET_BY_THE_TASK)
+        check_output_file(self.checkpoint, "--checkpoint", example="run.pt")
 
 
 @dataclass
@@ -136,6 +138,28 @@ class RegularResult:
     config: dict[str, Any]
 
 
+def model_config_class_of(config: RegularRunConfig) -> type:
+    """The config class of ``config.model_type``, which must have a token-classification model (ValueError)."""
+    from transformers import AutoModelForTokenClassification
+
+    return model_config_class(config.model_type, AutoModelForTokenClassification, "a token-classification model")
+
+
+def build_model_config(config: RegularRunConfig, task):
+    """The family config of :func:`build_model`: the authors' network, then ``config.model_config``, then the
+    task's vocabulary and classes. Raises ValueError (one line) for a value the family's config rejects."""
+    defaults = {
+        "hidden_size": 64,
+        "num_hidden_layers": TASK_LAYERS.get(config.task, 1),
+        "classifier_intermediate_size": 64,
+        "last_layer_residual": False,
+        "init_scheme": "pytorch",
+        "use_cache": False,
+    }
+    fields = {**defaults, **config.model_config, "vocab_size": task.vocab_size, "num_labels": task.num_classes}
+    return make_model_config(model_config_class_of(config), fields)
+
+
 def build_model(config: RegularRunConfig, task):
     """The family's token classifier shaped like the authors' network (their code's ``*MultiBlock`` classes):
     width 64, the paper's depth (§4.4), no residual around the last layer, the ReLU MLP head, torch.nn's default
@@ -145,25 +169,9 @@ def build_model(config: RegularRunConfig, task):
     N(0, 0.02) init) fit the training length but extrapolate worse (benchmarks/results/regular_languages.md,
     "Ablation: the network around the mixer" and "Earlier runs in the shared stack's network").
     """
-    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers import AutoModelForTokenClassification
 
-    import ssmhub  # noqa: F401  (registers the families)
-
-    defaults = {
-        "hidden_size": 64,
-        "num_hidden_layers": TASK_LAYERS.get(config.task, 1),
-        "classifier_intermediate_size": 64,
-        "last_layer_residual": False,
-        "init_scheme": "pytorch",
-        "use_cache": False,
-    }
-    model_config = AutoConfig.for_model(
-        config.model_type,
-        vocab_size=task.vocab_size,
-        num_labels=task.num_classes,
-        **{**defaults, **config.model_config},
-    )
-    return AutoModelForTokenClassification.from_config(model_config)
+    return AutoModelForTokenClassification.from_config(build_model_config(config, task))
 
 
 @torch.no_grad()
@@ -252,8 +260,9 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     default_lr, default_wd = TASK_OPTIMIZER.get(config.task, (2e-4, 0.0))
     lr = config.learning_rate if config.learning_rate is not None else default_lr
     weight_decay = config.weight_decay if config.weight_decay is not None else default_wd
-    # Checked now so that a bad length fails before training (ModArith needs odd lengths).
+    # Checked now so that a bad length or model config value fails before training (ModArith needs odd lengths).
     task.sample(1, train_length, torch.Generator().manual_seed(0))
+    build_model_config(config, task)
     eval_ids, eval_labels = fixed_test_set(task, config.eval_batch_size, test_length, seed=config.test_seed + 1)
     test_ids, test_labels = fixed_test_set(task, config.test_sequences, test_length, seed=config.test_seed)
     resume = config.checkpoint is not None and Path(config.checkpoint).exists()
@@ -311,17 +320,18 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> CommandLineParser:
+    parser = CommandLineParser(
         prog="ssmhub-regular",
         description="Train an ssmhub family on a regular-language task; report length-extrapolation accuracy.",
-        allow_abbrev=False,
     )
     defaults = RegularRunConfig()
     parser.add_argument("--task", default=defaults.task, choices=TASK_NAMES)
     parser.add_argument("--modulus", type=int, default=defaults.modulus)
     parser.add_argument("--model_type", default=defaults.model_type, help="any registered family, e.g. bdlrnn, dlr")
-    parser.add_argument("--model_config", type=json.loads, default={}, help='JSON overrides, e.g. {"block_size": 4}')
+    parser.add_argument(
+        "--model_config", type=json_object, default={}, metavar="JSON", help='overrides, e.g. {"block_size": 4}'
+    )
     for name in ("steps", "batch_size", "eval_steps", "eval_batch_size", "test_sequences", "seed", "test_seed"):
         parser.add_argument(f"--{name}", type=int, default=getattr(defaults, name))
     for name in ("train_length", "test_length"):
@@ -335,13 +345,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = vars(_parser().parse_args(argv))
+    """Console entry point of ``ssmhub-regular``: returns 0, or exits with one error line (status 2) for bad
+    input, found before training."""
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
     output = args.pop("output")
-    try:
+    with parser.bad_input_errors(KeyError):
+        check_output_file(output, "--output")
         result = run_regular(RegularRunConfig(**args))
-    except (ValueError, KeyError) as err:
-        print(f"ssmhub-regular: error: {err}", file=sys.stderr)
-        return 2
     buckets = ", ".join(f"{k}: {v:.3f}" for k, v in result.bucket_accuracy.items())
     print(
         f"{result.model_type} on {result.task}: test accuracy at length {result.test_length} "

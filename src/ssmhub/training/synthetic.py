@@ -35,9 +35,11 @@ from typing import Any
 
 import torch
 
+from ..command_line import CommandLineParser, json_object
 from ..data.synthetic import SYNTHETIC_TASK_NAMES, fixed_eval_set, get_synthetic_task, r2_score
 from ..fileio import append_jsonl
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
+from ..preflight import check_device, check_output_file
 from .run_state import load_run_state, restore_run_state, save_run_state
 from .synthetic_models import (
     ATTENTION_FAMILY,
@@ -91,18 +93,6 @@ def default_learning_rate(task_kind: str, model_type: str, seq_len: int) -> floa
     return 1e-3
 
 
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} was asked for but CUDA is not available")
-    return device
-
-
 def validate_run(config: SyntheticRunConfig):
     """Check every argument and build the task and the backbone config (cheap), before any training.
 
@@ -132,8 +122,7 @@ def validate_run(config: SyntheticRunConfig):
         raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay!r}")
     if config.matmul_precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision must be one of {MATMUL_PRECISIONS}; got {config.matmul_precision!r}")
-    if not isinstance(config.model_config, dict):
-        raise ValueError(f"model_config must be a mapping of config fields, got {config.model_config!r}")
+    check_output_file(config.checkpoint, "--checkpoint", example="run.pt")
     if config.task in ("mqar", "associative_recall", "induction_head"):
         options = {"vocab_size": config.vocab_size}
         if config.task == "mqar":
@@ -150,7 +139,7 @@ def validate_run(config: SyntheticRunConfig):
     model_config = backbone_config(
         config.model_type, config.hidden_size, config.num_layers, input_length, vocab, config.model_config
     )
-    return task, model_config, _resolve_device(config.device)
+    return task, model_config, check_device(config.device, "--device")
 
 
 def _build_model(task, model_config) -> torch.nn.Module:
@@ -317,12 +306,11 @@ def _results_row(
     return row
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _parser() -> CommandLineParser:
+    parser = CommandLineParser(
         prog="ssmhub-synthetic",
         description="Train a family on a synthetic task (the DLR paper's atomic tasks, MQAR, associative recall, "
         "induction head) and report R² or accuracy on a fixed held-out set.",
-        allow_abbrev=False,
     )
     d = SyntheticRunConfig()
     parser.add_argument("--task", default=d.task, help=f"one of {', '.join(SYNTHETIC_TASK_NAMES)}")
@@ -348,8 +336,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model_config",
-        type=json.loads,
+        type=json_object,
         default={},
+        metavar="JSON",
         help='JSON overrides, e.g. {"state_size": 256, "kernel_type": "prod"}',
     )
     parser.add_argument("--device", default=d.device, help="auto (CUDA when available), cpu or cuda")
@@ -367,13 +356,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = vars(_parser().parse_args(argv))
+    """Console entry point of ``ssmhub-synthetic``: returns 0, or exits with one error line (status 2) for bad
+    input, found before training."""
+    parser = _parser()
+    args = vars(parser.parse_args(argv))
     results = args.pop("results")
-    try:
+    with parser.bad_input_errors():
+        check_output_file(results, "--results", example="results.jsonl")
         row = run_synthetic(SyntheticRunConfig(**args), log=lambda line: print(line, file=sys.stderr, flush=True))
-    except ValueError as err:
-        print(f"ssmhub-synthetic: error: {err}", file=sys.stderr)
-        return 2
     print(json.dumps(row, default=str))
     if results:
         append_jsonl(results, row)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..preflight import check_model_config_keys, make_model_config, model_config_class
 from .param_groups import param_groups
 
 __all__ = [
@@ -41,6 +42,15 @@ __all__ = [
 
 ATTENTION_FAMILY = "attention"
 ATTENTION_HEADS = 4  # the paper's attention block (§3.3): 4 heads
+# --model_config keys the run sets from its own flags (GPT-2's names included): key -> flag.
+_SET_BY_FLAGS = {
+    "hidden_size": "--hidden_size",
+    "n_embd": "--hidden_size",
+    "num_hidden_layers": "--num_layers",
+    "n_layer": "--num_layers",
+    "vocab_size": "--vocab_size (token tasks; regression backbones take no tokens)",
+    "use_cache": "the run (no cache in training)",
+}
 
 
 def family_defaults(model_type: str, input_length: int) -> dict[str, Any]:
@@ -80,47 +90,32 @@ def backbone_config(
     vocab_size: int = 1,
     overrides: dict[str, Any] | None = None,
 ):
-    """The backbone config: family defaults, then the run's width and depth, then ``overrides``.
+    """The backbone config: family defaults, then ``overrides`` (the run's ``--model_config``), then the run's
+    width, depth and vocabulary.
 
     ``vocab_size`` is 1 for regression backbones (fed ``inputs_embeds``; the embedding is unused).
-    Raises ValueError for an unknown ``model_type`` or a field the family's config rejects.
+    Raises ValueError for an unknown ``model_type``, an ``overrides`` key that is not a field of the family's
+    config or that a flag sets (the shared :func:`ssmhub.preflight.check_model_config_keys`), or a value the
+    config rejects.
     """
-    from transformers import AutoConfig, GPT2Config
+    from transformers import AutoModel, GPT2Config
 
-    import ssmhub  # noqa: F401  (registers the families)
-
+    if model_type == ATTENTION_FAMILY:
+        config_class = GPT2Config
+    else:
+        config_class = model_config_class(model_type, AutoModel, "a base model", extra_types=(ATTENTION_FAMILY,))
+    check_model_config_keys(config_class, overrides or {}, set_by=_SET_BY_FLAGS)
     fields = {**family_defaults(model_type, input_length), **(overrides or {})}
+    run = {"vocab_size": vocab_size, "hidden_size": hidden_size, "num_hidden_layers": num_layers, "use_cache": False}
     if model_type == ATTENTION_FAMILY:
         if hidden_size % ATTENTION_HEADS:
             raise ValueError(
                 f"hidden_size must be a multiple of {ATTENTION_HEADS} (the attention heads), got {hidden_size}"
             )
         fields = {"n_head": ATTENTION_HEADS, **fields}
-        return GPT2Config(
-            n_embd=hidden_size,
-            n_layer=num_layers,
-            vocab_size=vocab_size,
-            bos_token_id=None,
-            eos_token_id=None,
-            use_cache=False,
-            **fields,
-        )
-    try:
-        return AutoConfig.for_model(
-            model_type,
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            num_hidden_layers=num_layers,
-            use_cache=False,
-            **fields,
-        )
-    except ValueError as err:
-        if "Unrecognized model identifier" in str(err):
-            raise ValueError(
-                f"model_type {model_type!r} is not a registered family; use {ATTENTION_FAMILY!r}, an ssmhub "
-                "model_type such as 'dlr', 'h3', 'serpent', 'bdlrnn', or a transformers one such as 'mamba'"
-            ) from None
-        raise
+        run = {"n_embd": hidden_size, "n_layer": num_layers, "vocab_size": vocab_size, "use_cache": False}
+        run |= {"bos_token_id": None, "eos_token_id": None}
+    return make_model_config(config_class, {**fields, **run})
 
 
 def _backbone(config) -> nn.Module:

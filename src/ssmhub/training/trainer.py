@@ -5,12 +5,16 @@
 - :func:`_prepare` builds everything the loop needs (a :class:`_TrainingSetup`) and where it starts
   (a :class:`_Progress`):
 
-  1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys,
-     seq_len against any length limit the model config declares), before any data is read
+  1. checks the options that can be checked cheaply (data folder, dataset, model type and config keys
+     and values, seq_len against any length limit the model config declares, an ``output_dir`` that is
+     a writable folder and, for a fresh run without ``overwrite_output_dir``, empty; a checkpoint to
+     ``resume``; Hub access for ``push_to_hub``), before any data is read or anything written
      (:func:`_check_before_reading_data`), and starts Accelerate (:func:`_start_accelerator`);
   2. trains a BPE on the train documents, streamed (or loads ``tokenizer``), on the main process and
-     saves it in ``output_dir/checkpoints/tokenizer`` so every process (and a resumed run) uses the same
-     one (:func:`_shared_tokenizer`);
+     saves it where every process loads it (:func:`_shared_tokenizer`): ``output_dir/.tmp-tokenizer``,
+     moved to ``output_dir/checkpoints/tokenizer`` (where a resumed run finds it) once steps 2-4 have
+     worked (:func:`_install_staged_tokenizer`); a start that fails in them leaves ``output_dir`` as it
+     was (:func:`_nothing_left_on_failure`);
   3. tokenizes both splits into fixed-length windows once, into an on-disk cache that later runs reuse
      (:func:`ssmhub.data.cached_token_windows`; windows are memory-mapped, PG-19 is read book by
      book and its windows never cross a book), builds the model from
@@ -47,7 +51,14 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ..fileio import write_json_atomic
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from ..preflight import (
+    check_hub_access,
+    check_model_config_keys,
+    check_output_dir,
+    make_model_config,
+    model_config_class,
+)
+from .checkpoint import load_checkpoint, newest_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import build_windows, check_data_dir, corpus_source, iter_documents
 from .metrics import MetricsLogger, plot_losses
@@ -59,6 +70,7 @@ __all__ = ["EpochShuffleSampler", "TrainResult", "build_model_config", "lr_lambd
 # Length limits a model config may declare; seq_len must not exceed any that is set.
 _LENGTH_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx")
 TOKENIZER_SUBDIR = "tokenizer"
+STAGED_TOKENIZER = ".tmp-tokenizer"  # under output_dir, until the run's start has worked
 
 
 @dataclass
@@ -101,13 +113,14 @@ def lr_lambda(step: int, warmup_steps: int, max_steps: int, min_ratio: float) ->
 def build_model_config(config: TrainConfig, tokenizer=None):
     """The model config of ``model_type`` with ``model_config``; with a tokenizer, its vocabulary and special ids.
 
-    Raises ValueError for an unknown model type or config key, a seq_len the model cannot take, or a
-    tokenizer larger than a forced ``vocab_size``.
+    Raises ValueError for a model type without a causal LM, an unknown config key (the check every tool
+    shares, :func:`ssmhub.preflight.check_model_config_keys`), a value the config rejects, a seq_len the
+    model cannot take, or a tokenizer larger than a forced ``vocab_size``.
     """
-    import transformers
+    from transformers import AutoModelForCausalLM
 
-    import ssmhub  # noqa: F401  (registers the families with the Auto classes)
-
+    config_class = model_config_class(config.model_type, AutoModelForCausalLM, "a causal LM")
+    check_model_config_keys(config_class, config.model_config)
     kwargs = dict(config.model_config)
     if tokenizer is not None:
         if "vocab_size" in kwargs and kwargs["vocab_size"] < len(tokenizer):
@@ -120,22 +133,7 @@ def build_model_config(config: TrainConfig, tokenizer=None):
         kwargs.setdefault("eos_token_id", eos)
         kwargs.setdefault("bos_token_id", tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos)
         kwargs.setdefault("pad_token_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
-    try:
-        model_config = transformers.AutoConfig.for_model(config.model_type, **kwargs)
-    except ValueError as err:
-        raise ValueError(f"model_type {config.model_type!r} / model_config {config.model_config}: {err}") from None
-    except TypeError as err:
-        raise ValueError(
-            f"model_config {config.model_config} does not fit model_type {config.model_type!r}: {err}"
-        ) from None
-    # transformers keeps unknown kwargs as attributes: compare with the fields of a default config instead
-    known = set(type(model_config)().to_dict()) | set(getattr(model_config, "attribute_map", {}))
-    unknown = [key for key in config.model_config if key not in known]
-    if unknown:
-        raise ValueError(
-            f"model_config key {unknown[0]!r} is not a field of the {config.model_type!r} config; valid keys: "
-            f"{', '.join(sorted(known))}"
-        )
+    model_config = make_model_config(config_class, kwargs)
     for name in _LENGTH_LIMIT_FIELDS:
         limit = getattr(model_config, name, None)
         if isinstance(limit, int) and config.seq_len > limit:
@@ -286,9 +284,26 @@ class _StepOutcome:
 
 def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
     """Check the options, start Accelerate, get the tokenizer and windows, build model, optimizer and data
-    loader, and resume (or start) the run; steps 1-4 of the module docstring, in that order."""
+    loader, and resume (or start) the run; steps 1-4 of the module docstring, in that order.
+
+    A start that fails leaves ``output_dir`` as it found it (:func:`_nothing_left_on_failure`); a fresh
+    run replaces an overwritten run's checkpoints only once everything before the first step has worked.
+    """
     output_dir = _check_before_reading_data(config)
     accelerator = _start_accelerator(config, output_dir)
+    with _nothing_left_on_failure(output_dir, accelerator.is_main_process):
+        parts = _build_training_parts(config, accelerator, output_dir)
+        progress = _resume_point(config, accelerator, output_dir)
+        _install_staged_tokenizer(config, accelerator, output_dir)
+    logger = _start_records(config, accelerator, output_dir, resume_step=progress.step if config.resume else None)
+    setup = _TrainingSetup(config=config, accelerator=accelerator, output_dir=output_dir, logger=logger, **parts)
+    return setup, progress
+
+
+def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path) -> dict[str, Any]:
+    """The tokenizer, windows, model, optimizer, scheduler, sampler and loader of the run (model, optimizer
+    and loader prepared by Accelerate; the scheduler is not, as Accelerate would step it once per process,
+    but it is checkpointed)."""
     train_source = corpus_source(config.dataset, "train", config.data_dir)  # files resolved, not read
     valid_source = corpus_source(config.dataset, "validation", config.data_dir)
     tokenizer = _shared_tokenizer(config, accelerator, output_dir, train_source)
@@ -305,7 +320,6 @@ def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
     model, optimizer, scheduler = _build_model_and_optimizer(config, tokenizer)
     sampler = EpochShuffleSampler(len(train_windows), config.seed)
     loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
-    # The scheduler is not prepared (Accelerate would step it once per process) but is checkpointed.
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.register_for_checkpointing(scheduler)
     if len(loader) == 0:
@@ -313,38 +327,61 @@ def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
             f"{len(train_windows)} train windows are too few for a global batch of "
             f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
         )
-    progress = _resume_point(config, accelerator, output_dir)
-    logger = _start_records(config, accelerator, output_dir, resume_step=progress.step if config.resume else None)
-    setup = _TrainingSetup(
-        config=config,
-        accelerator=accelerator,
-        output_dir=output_dir,
-        tokenizer=tokenizer,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        sampler=sampler,
-        loader=loader,
-        valid_windows=valid_windows,
-        logger=logger,
-    )
-    return setup, progress
+    return {
+        "tokenizer": tokenizer,
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "sampler": sampler,
+        "loader": loader,
+        "valid_windows": valid_windows,
+    }
+
+
+@contextlib.contextmanager
+def _nothing_left_on_failure(output_dir: Path, is_main_process: bool) -> Iterator[None]:
+    """On an exception in the block, the main process removes what appeared in ``output_dir`` during it
+    (the folder itself, if it did not exist before), so that a refused run writes nothing."""
+    before = set(output_dir.iterdir()) if output_dir.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if is_main_process:
+            created = [output_dir] if before is None else sorted(set(output_dir.iterdir()) - before)
+            for path in created:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        raise
 
 
 def _check_before_reading_data(config: TrainConfig) -> Path:
-    """Raise for an option that cannot work, before any data is read; returns the output folder."""
+    """Raise for an option that cannot work, before any data is read or anything written; returns the
+    output folder."""
     config.validate()
     check_data_dir(config.data_dir)
     build_model_config(config)
     if config.tokenizer and not Path(config.tokenizer).exists():
         raise FileNotFoundError(f"tokenizer {config.tokenizer} does not exist")
     output_dir = Path(config.output_dir)
-    if not config.resume and list_checkpoints(output_dir) and not config.overwrite_output_dir:
-        raise ValueError(
-            f"{output_dir} holds checkpoints of an earlier run: pass --resume to continue it, or "
-            "--overwrite_output_dir to start again there"
-        )
+    check_output_dir(output_dir, "--output_dir")
+    if config.resume:
+        newest_checkpoint(output_dir)  # raises CheckpointError when there is none to resume
+    elif not config.overwrite_output_dir:
+        _check_output_dir_is_free(output_dir)
+    if config.push_to_hub:
+        check_hub_access(config.hub_model_id)
     return output_dir
+
+
+def _check_output_dir_is_free(output_dir: Path) -> None:
+    """Raise ValueError when a fresh run would write over files in ``output_dir`` (a saved model, an
+    earlier run's checkpoints or metrics): a run never silently replaces work."""
+    found = sorted(p.name for p in output_dir.iterdir()) if output_dir.is_dir() else []
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise ValueError(
+            f"--output_dir {output_dir} is not empty ({shown}): pass --resume to continue the run there, "
+            "--overwrite_output_dir to replace it, or give another --output_dir"
+        )
 
 
 def _start_accelerator(config: TrainConfig, output_dir: Path):
@@ -373,20 +410,37 @@ def _start_accelerator(config: TrainConfig, output_dir: Path):
 
 def _shared_tokenizer(config: TrainConfig, accelerator, output_dir: Path, train_source):
     """The run's tokenizer, the same on every process: trained (streaming over the train documents) or
-    loaded from ``config.tokenizer`` once, on the main process, and shared through
-    ``output_dir/checkpoints/tokenizer``; a resumed run reuses the one saved there.
+    loaded from ``config.tokenizer`` once, on the main process, and shared through a folder of
+    ``output_dir``; a resumed run reuses the one saved in ``output_dir/checkpoints/tokenizer``.
 
-    A fresh run first clears ``output_dir/checkpoints`` (there can only be an overwritten run's).
+    A new tokenizer is saved under ``output_dir/.tmp-tokenizer`` until the start of the run has worked
+    (:func:`_install_staged_tokenizer`), so a refused run leaves no tokenizer and an overwritten run's
+    checkpoints are still there.
     """
     from ..tokenization import load_tokenizer
 
-    tokenizer_dir = output_dir / "checkpoints" / TOKENIZER_SUBDIR
-    if accelerator.is_main_process and not config.resume:
-        shutil.rmtree(output_dir / "checkpoints", ignore_errors=True)
-    if accelerator.is_main_process and not (config.resume and tokenizer_dir.is_dir()):
-        _load_or_train_tokenizer(config, iter_documents(train_source)).save_pretrained(tokenizer_dir)
+    saved = output_dir / "checkpoints" / TOKENIZER_SUBDIR
+    if config.resume and saved.is_dir():
+        return load_tokenizer(saved)
+    staged = output_dir / STAGED_TOKENIZER
+    if accelerator.is_main_process:
+        shutil.rmtree(staged, ignore_errors=True)
+        _load_or_train_tokenizer(config, iter_documents(train_source)).save_pretrained(staged)
     accelerator.wait_for_everyone()
-    return load_tokenizer(tokenizer_dir)
+    return load_tokenizer(staged)
+
+
+def _install_staged_tokenizer(config: TrainConfig, accelerator, output_dir: Path) -> None:
+    """Once the run's start has worked: move a tokenizer staged by :func:`_shared_tokenizer` to
+    ``output_dir/checkpoints/tokenizer``; a fresh run first removes the checkpoints of the run it overwrites."""
+    staged = output_dir / STAGED_TOKENIZER
+    if accelerator.is_main_process and staged.is_dir():
+        checkpoints = output_dir / "checkpoints"
+        if not config.resume:
+            shutil.rmtree(checkpoints, ignore_errors=True)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        staged.rename(checkpoints / TOKENIZER_SUBDIR)
+    accelerator.wait_for_everyone()
 
 
 def _build_model_and_optimizer(config: TrainConfig, tokenizer):
