@@ -1,12 +1,33 @@
-"""Session-wide test settings: tokenized-window caches go to a temporary folder, never ~/.cache."""
+"""Session-wide test settings: tokenized-window caches go to a temporary folder, never ~/.cache; tensors go to
+the device named by ``$SSMHUB_TEST_DEVICE`` (default: the CPU; benchmarks/gpu_suite.py sets ``cuda``)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+import torch
 
 from ssmhub.data import CACHE_DIR_ENV
+
+TEST_DEVICE_ENV = "SSMHUB_TEST_DEVICE"
+
+
+def _run_tests_on(device: str) -> None:
+    """Make ``device`` torch's default device, and ``torch.Generator()`` a generator on it (tests seed their
+    inputs with generators, which would otherwise stay on the CPU and refuse a CUDA default device)."""
+    torch.set_default_device(device)
+    cpu_generator = torch.Generator
+
+    class DefaultDeviceGenerator(cpu_generator):
+        def __new__(cls, device=None):
+            return cpu_generator.__new__(cls, device if device is not None else torch.get_default_device())
+
+    torch.Generator = DefaultDeviceGenerator
+
+
+if os.environ.get(TEST_DEVICE_ENV, "cpu") != "cpu":
+    _run_tests_on(os.environ[TEST_DEVICE_ENV])
 
 
 @pytest.fixture(autouse=True, scope="session")
