@@ -373,7 +373,9 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         past_key_values: RecurrentCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
-        """``labels`` are the input ids (shifted inside the loss); ``-100`` is ignored. The loss goes
+        """``labels`` are the input ids (shifted inside the loss), or ``shift_labels`` (as transformers' loss takes
+        them) each position's own target, e.g. a window's last token's target from the next window; ``-100`` is
+        ignored. The loss goes
         through ``self.loss_function`` so that Trainer's ``num_items_in_batch`` keeps gradient
         accumulation exact."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -392,6 +394,8 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, keep]).float()
         loss = None
         if labels is not None:
+            if kwargs.get("shift_labels") is not None:  # transformers' loss views them flat: a window slice is not
+                kwargs["shift_labels"] = kwargs["shift_labels"].contiguous()
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         cache_out = getattr(outputs, CACHE_FIELD)
         if not return_dict:
