@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from ..tokenization import encode_documents
-from .token_cache import CorpusSource, _document_rows, resolve_cache_dir, tokenizer_fingerprint
+from .token_cache import CorpusSource, resolve_cache_dir, tokenizer_fingerprint
 
 __all__ = ["PackedWindows", "TokenStream", "cached_token_stream", "packed_position_ids"]
 
@@ -98,6 +99,13 @@ def _entry_name(source: CorpusSource, tokenizer) -> str:
     )
     readable = "".join(c if c.isalnum() or c in "._-" else "-" for c in source.name).strip("-") or "corpus"
     return f"{readable}-stream-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+
+
+def _document_rows(first: str, rest) -> Iterator[dict]:
+    """``Dataset.from_generator`` rows: the first document (read to check there is one), then the rest."""
+    yield {"text": first}
+    for text in rest:
+        yield {"text": text}
 
 
 def _tokenize_batch(batch: dict, tokenizer, eos_token_id: int) -> dict:
