@@ -6,6 +6,10 @@ States are allocated lazily by the first forward that asks for them and updated 
 For recurrent layers the memory never grows with the context: that is the product's promise, and
 :meth:`RecurrentCache.memory_bytes` lets benchmarks and tests check it.
 
+In a training forward (gradients enabled) the cache keeps the new states *with* their autograd graph, so a
+window's loss can reach back into earlier windows if the caller wants that; truncated backpropagation
+through time calls :meth:`RecurrentCache.detach_` between windows, which cuts the graph and keeps the values.
+
 It travels through ``generate`` as ``cache`` (``past_key_values`` before transformers 5.24). Only the
 few hooks ``generate`` uses are implemented (``get_seq_length``, ``is_linear``, ``reorder_cache``), so
 it does not depend on the internals of transformers' ``Cache`` classes, which changed five times in
@@ -53,7 +57,14 @@ class RecurrentCache:
         return self.layers[layer_idx] is not None
 
     def update(self, layer_idx: int, state: dict[str, torch.Tensor]) -> None:
-        """Store a layer's new state, in place when the shapes allow (the buffers keep their address)."""
+        """Store a layer's new state, in place when the shapes allow (the buffers keep their address).
+
+        A state that carries gradients (a training forward) is stored as it is, graph included: writing it
+        into the old buffers would both cut the graph and overwrite a tensor the backward pass still needs
+        (the old state, saved by the forward that read it). :meth:`detach_` cuts the graph later."""
+        if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in state.values()):
+            self.layers[layer_idx] = dict(state)
+            return
         current = self.layers[layer_idx]
         if current is None or current.keys() != state.keys():
             self.layers[layer_idx] = {name: tensor.detach().clone() for name, tensor in state.items()}
@@ -82,6 +93,16 @@ class RecurrentCache:
         feeds only the new tokens.
         """
         return [False] * len(self.layers)
+
+    def detach_(self) -> RecurrentCache:
+        """Cut every state from the autograd graph that computed it, keeping its values (in place; returns
+        the cache). Truncated backpropagation through time calls it between windows: the next window then
+        starts from the last window's final state, but its gradients stop at the window's start."""
+        for state in self.layers:
+            if state is not None:
+                for name, tensor in state.items():
+                    state[name] = tensor.detach()
+        return self
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows (beam search): row i becomes the old row ``beam_idx[i]``."""

@@ -32,6 +32,7 @@ from .token_cache import (
     resolve_cache_dir,
     tokenizer_fingerprint,
 )
+from .token_stream import PackedWindows, TokenStream, cached_token_stream, packed_position_ids
 from .wikitext import (
     DATA_DIR_ENV,
     HUB_DATASET,
@@ -55,8 +56,11 @@ __all__ = [
     "WIKITEXT_VARIANTS",
     "CorpusSource",
     "PG19Book",
+    "PackedWindows",
     "RegularTask",
+    "TokenStream",
     "TokenWindows",
+    "cached_token_stream",
     "cached_token_windows",
     "files_fingerprint",
     "fixed_test_set",
@@ -65,6 +69,7 @@ __all__ = [
     "last_supervised_label",
     "load_wikitext",
     "pack_token_windows",
+    "packed_position_ids",
     "pg19_book_ids",
     "pg19_source",
     "pg19_token_windows",

@@ -272,18 +272,21 @@ class RecurrentModel(RecurrentPreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         """Args follow transformers: ``cache`` (``past_key_values`` before transformers 5.24; either name
         is accepted) is a :class:`~ssmhub.cache.RecurrentCache` whose state the forward continues from
-        (and updates in place when ``use_cache``). Packed rows (several documents back to back) are marked the
-        way ``transformers.DataCollatorWithFlattening`` marks them: ``position_ids`` restarting at 0, or
-        ``seq_idx``, or ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (:mod:`ssmhub.models.packed_inputs`); each
-        document then runs as if alone."""
+        (and updates when ``use_cache``, the default when a cache is given). In training mode this is
+        truncated backpropagation through time: gradients flow through the window into the new states,
+        which the cache keeps with their graph until ``cache.detach_()``, and ``position_ids`` 0 at any
+        token, the first included, starts a row's next document from a fresh state. Packed rows (several
+        documents back to back) are marked the way ``transformers.DataCollatorWithFlattening`` marks them:
+        ``position_ids`` restarting at 0, or ``seq_idx``, or ``cu_seq_lens_q`` / ``cu_seq_lens_k``
+        (:mod:`ssmhub.models.packed_inputs`); each document then runs as if alone."""
         cache = resolve_cache_argument(cache, past_key_values)
         past_length = cache.get_seq_length() if cache is not None else 0
         check_model_inputs(
             input_ids, inputs_embeds, attention_mask, self.config.vocab_size, self.config.hidden_size, past_length
         )
         if use_cache is None:  # training forwards need no final state (computing it costs a matmul per layer)
-            use_cache = self.config.use_cache and not self.training
-        if self.gradient_checkpointing and self.training:
+            use_cache = cache is not None or (self.config.use_cache and not self.training)
+        if self.gradient_checkpointing and self.training and cache is None:
             use_cache = False
         output_hidden_states = output_hidden_states if output_hidden_states is not None else False
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -291,7 +294,9 @@ class RecurrentModel(RecurrentPreTrainedModel):
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
         mask = attention_mask[:, -seq_len:] if attention_mask is not None else None  # (B, L) of the new tokens
-        starts = document_starts(hidden_states.shape[:2], mask, past_length, **kwargs)  # None: one document per row
+        starts = document_starts(  # None: one document per row
+            hidden_states.shape[:2], mask, past_length, restarts_with_cache=self.training, **kwargs
+        )
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
 
@@ -368,7 +373,9 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         past_key_values: RecurrentCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
-        """``labels`` are the input ids (shifted inside the loss); ``-100`` is ignored. The loss goes
+        """``labels`` are the input ids (shifted inside the loss), or ``shift_labels`` (as transformers' loss takes
+        them) each position's own target, e.g. a window's last token's target from the next window; ``-100`` is
+        ignored. The loss goes
         through ``self.loss_function`` so that Trainer's ``num_items_in_batch`` keeps gradient
         accumulation exact."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -387,6 +394,8 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states[:, keep]).float()
         loss = None
         if labels is not None:
+            if kwargs.get("shift_labels") is not None:  # transformers' loss views them flat: a window slice is not
+                kwargs["shift_labels"] = kwargs["shift_labels"].contiguous()
             loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
         cache_out = getattr(outputs, CACHE_FIELD)
         if not return_dict:

@@ -30,10 +30,17 @@ def document_starts(
     seq_idx: torch.Tensor | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
     cu_seq_lens_k: torch.Tensor | None = None,
+    restarts_with_cache: bool = False,
     **_,
 ) -> torch.Tensor | None:
     """(B, L) bool, True where a document starts after a row's first real token; None when no row holds two
     documents (then the forward is the plain one, bit for bit).
+
+    A forward that continues a cache (``past_length`` > 0) is a decode step: a document start inside it is
+    refused, unless ``restarts_with_cache`` (a training forward: truncated backpropagation through time,
+    where a window carries each row's state on and a row may begin its next document anywhere). Then
+    ``position_ids`` 0 at a row's *first* token also counts: that row starts fresh instead of continuing the
+    cache (``seq_idx`` and ``cu_seq_lens`` cannot say that, so their first token always continues).
 
     Args:
         shape: (B, L) of the new tokens. mask: (B, L) of the new tokens or None. past_length: tokens in the cache.
@@ -53,11 +60,15 @@ def document_starts(
         return None
     real = torch.ones(shape, dtype=torch.bool, device=starts.device) if mask is None else mask.bool()
     first_real = real & (real.long().cumsum(1) == 1)
+    if past_length and restarts_with_cache:
+        marked = starts & real if position_ids is not None else starts & real & ~first_real
+        return marked if marked.any() else None
     later = starts & real & ~first_real  # a start at a row's first real token changes nothing
     if past_length and later.any():
         raise ValueError(
             "position_ids restart at 0 inside a forward that continues a cache: a new document cannot start "
-            "in the middle of a cached decode (start it in a fresh forward, without the cache)"
+            "in the middle of a cached decode (start it in a fresh forward, without the cache; a model in "
+            "training mode may, for truncated backpropagation through time)"
         )
     return later if later.any() else None
 

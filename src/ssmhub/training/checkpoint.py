@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from ..fileio import write_json_atomic
@@ -61,10 +62,19 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state: dict, keep_last: int = 0) -> Path:
+def save_checkpoint(
+    accelerator,
+    output_dir: str | os.PathLike,
+    step: int,
+    state: dict,
+    keep_last: int = 0,
+    write_process_files: Callable[[Path], None] | None = None,
+) -> Path:
     """Save the accelerator's state and ``state`` as ``step-{step}`` atomically; keep the newest ``keep_last``.
 
-    Every process must call it (``save_state`` writes each process's RNG state).
+    Every process must call it (``save_state`` writes each process's RNG state). ``write_process_files(folder)``,
+    if given, runs on every process after ``save_state``: what each process writes into ``folder`` (e.g. the
+    states a stateful run carries for its rows) is checksummed in the marker like every other file.
     """
     root = checkpoints_dir(output_dir)
     final = root / f"step-{step}"
@@ -74,6 +84,8 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, step: int, state
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    if write_process_files is not None:
+        write_process_files(tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json_atomic(tmp / STATE_FILE, {"step": step, **state})

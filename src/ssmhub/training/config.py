@@ -38,6 +38,9 @@ class TrainConfig:
     max_eval_windows: int = 256  # validation windows evaluated (0: all)
     cache_dir: str | None = None  # tokenized windows cache; default $SSMHUB_CACHE_DIR, else ~/.cache/ssmhub
     preprocessing_num_workers: int = 0  # processes for tokenizing with datasets.map (0: the main one)
+    # long documents (issue 26): at most one of the two; validation always scores independent windows
+    packing: bool = False  # documents back to back, no padding, position_ids restarting at each (no state crosses)
+    stateful: bool = False  # each batch row reads one document after another, its state carried window to window
     # tokenizer: a folder / tokenizer.json, or a byte-level BPE of vocab_size trained on the train split
     tokenizer: str | None = None
     vocab_size: int = 4096
@@ -112,6 +115,11 @@ class TrainConfig:
         ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer; got {getattr(self, name)!r}")
+        if self.packing and self.stateful:
+            raise ValueError(
+                "packing and stateful exclude each other: --stateful already packs each row's documents back to "
+                "back (and carries the state between windows); pass one of them"
+            )
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
         if not 0 <= self.min_lr_ratio <= 1:

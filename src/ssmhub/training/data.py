@@ -5,7 +5,8 @@ A dataset is registered under a name with a function ``source(split, data_dir) -
 documents lazily. :func:`build_windows` turns both splits into token windows through
 :func:`ssmhub.data.cached_token_windows` (``datasets.map``, an on-disk cache reused by later runs,
 memory-mapped, streaming for PG-19). Registered: ``wikitext-2`` and ``wikitext-103`` (documents
-joined by eos into one stream) and ``pg19`` (windows never cross a book).
+joined by eos into one stream) and ``pg19`` (windows never cross a book). For packed and stateful
+training the train split is kept as whole documents instead (:func:`ssmhub.data.cached_token_stream`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from pathlib import Path
 from ..data import (
     DATA_DIR_ENV,
     CorpusSource,
+    PackedWindows,
+    TokenStream,
     TokenWindows,
+    cached_token_stream,
     cached_token_windows,
     pg19_source,
     resolve_data_dir,
@@ -67,6 +71,9 @@ def iter_documents(source: CorpusSource) -> Iterator[str]:
         raise ValueError(f"corpus {source.name} holds no documents")
 
 
+TRAIN_LAYOUTS = ("windows", "packed", "documents")
+
+
 def build_windows(
     tokenizer,
     train_source: CorpusSource,
@@ -75,9 +82,21 @@ def build_windows(
     max_eval_windows: int = 0,
     cache_dir: str | os.PathLike | None = None,
     num_proc: int | None = None,
-) -> tuple[TokenWindows, TokenWindows]:
-    """Train and validation windows (cached); validation keeps its first ``max_eval_windows`` (0: all)."""
-    train = cached_token_windows(train_source, tokenizer, seq_len, cache_dir, num_proc)
+    train_layout: str = "windows",
+) -> tuple[TokenWindows | PackedWindows | TokenStream, TokenWindows]:
+    """Train data and validation windows (cached); validation keeps its first ``max_eval_windows`` (0: all).
+
+    ``train_layout``: ``"windows"`` (fixed windows, as the dataset cuts them), ``"packed"`` (documents back
+    to back, :class:`~ssmhub.data.PackedWindows`) or ``"documents"`` (the whole
+    :class:`~ssmhub.data.TokenStream`, for stateful training). Validation is always fixed windows.
+    """
+    if train_layout not in TRAIN_LAYOUTS:
+        raise ValueError(f"train_layout must be one of {TRAIN_LAYOUTS}; got {train_layout!r}")
+    if train_layout == "windows":
+        train = cached_token_windows(train_source, tokenizer, seq_len, cache_dir, num_proc)
+    else:
+        stream = cached_token_stream(train_source, tokenizer, cache_dir, num_proc)
+        train = PackedWindows(stream, seq_len) if train_layout == "packed" else stream
     valid = cached_token_windows(valid_source, tokenizer, seq_len, cache_dir, num_proc)
     if len(train) == 0 or len(valid) == 0:
         raise ValueError(

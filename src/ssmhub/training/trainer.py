@@ -58,7 +58,8 @@ from ..preflight import (
     make_model_config,
     model_config_class,
 )
-from .checkpoint import load_checkpoint, newest_checkpoint, save_checkpoint
+from .batches import WindowBatches, count_targets
+from .checkpoint import CheckpointError, load_checkpoint, newest_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .data import build_windows, check_data_dir, corpus_source, iter_documents
 from .metrics import MetricsLogger, plot_losses
@@ -195,6 +196,8 @@ _RESUME_MUST_MATCH = (
     "seed",
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
+    "packing",
+    "stateful",
 )
 
 
@@ -207,20 +210,12 @@ def _check_resume_matches(config: TrainConfig, output_dir: Path, num_processes: 
     current = {**config.to_dict(), "num_processes": num_processes}
     for key in (*_RESUME_MUST_MATCH, "num_processes"):
         if key in saved and saved[key] != current[key]:
+            why = "the checkpoint's model and data order depend on it"
+            if config.stateful and key in ("per_device_train_batch_size", "num_processes"):
+                why = "a stateful run carries one state per batch row, per_device_train_batch_size x num_processes rows"
             raise ValueError(
-                f"--resume: {key} is {current[key]!r} but the run in {output_dir} used {saved[key]!r} "
-                "(the checkpoint's model and data order depend on it)"
+                f"--resume: {key} is {current[key]!r} but the run in {output_dir} used {saved[key]!r} ({why})"
             )
-
-
-def _batches(loader: DataLoader, sampler: EpochShuffleSampler, epoch: int, skip: int):
-    """Yield ``(epoch, position, batch)`` forever from ``epoch``, skipping its first ``skip`` batches."""
-    while True:
-        sampler.set_epoch(epoch)
-        for position, batch in enumerate(loader, start=1):
-            if position > skip:
-                yield epoch, position, batch
-        epoch, skip = epoch + 1, 0
 
 
 def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None) -> TrainResult:
@@ -247,8 +242,7 @@ class _TrainingSetup:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    sampler: EpochShuffleSampler
-    loader: DataLoader
+    batches: Any  # WindowBatches or StatefulBatches: each micro-batch's model inputs, and their checkpoint state
     valid_windows: Any  # ssmhub.data.TokenWindows
     logger: MetricsLogger
 
@@ -291,9 +285,11 @@ def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
     """
     output_dir = _check_before_reading_data(config)
     accelerator = _start_accelerator(config, output_dir)
+    if config.resume:  # before any data is read: a resumed run's batch shape, model and data order must match
+        _check_resume_matches(config, output_dir, accelerator.num_processes)
     with _nothing_left_on_failure(output_dir, accelerator.is_main_process):
         parts = _build_training_parts(config, accelerator, output_dir)
-        progress = _resume_point(config, accelerator, output_dir)
+        progress = _resume_point(config, accelerator, output_dir, parts["batches"])
         _install_staged_tokenizer(config, accelerator, output_dir)
     logger = _start_records(config, accelerator, output_dir, resume_step=progress.step if config.resume else None)
     setup = _TrainingSetup(config=config, accelerator=accelerator, output_dir=output_dir, logger=logger, **parts)
@@ -307,8 +303,9 @@ def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path) ->
     train_source = corpus_source(config.dataset, "train", config.data_dir)  # files resolved, not read
     valid_source = corpus_source(config.dataset, "validation", config.data_dir)
     tokenizer = _shared_tokenizer(config, accelerator, output_dir, train_source)
+    layout = "documents" if config.stateful else "packed" if config.packing else "windows"
     with accelerator.main_process_first():  # the main process tokenizes into the cache, the others then load
-        train_windows, valid_windows = build_windows(
+        train_data, valid_windows = build_windows(
             tokenizer,
             train_source,
             valid_source,
@@ -316,26 +313,49 @@ def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path) ->
             config.max_eval_windows,
             cache_dir=config.cache_dir,
             num_proc=config.preprocessing_num_workers or None,
+            train_layout=layout,
         )
     model, optimizer, scheduler = _build_model_and_optimizer(config, tokenizer)
-    sampler = EpochShuffleSampler(len(train_windows), config.seed)
-    loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if config.stateful:
+        model, optimizer = accelerator.prepare(model, optimizer)
+        batches = _stateful_batches(config, accelerator, train_data, model)
+    else:
+        model, optimizer, batches = _window_batches(config, accelerator, train_data, model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
-    if len(loader) == 0:
-        raise ValueError(
-            f"{len(train_windows)} train windows are too few for a global batch of "
-            f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
-        )
     return {
         "tokenizer": tokenizer,
         "model": model,
         "optimizer": optimizer,
         "scheduler": scheduler,
-        "sampler": sampler,
-        "loader": loader,
+        "batches": batches,
         "valid_windows": valid_windows,
     }
+
+
+def _window_batches(config: TrainConfig, accelerator, train_windows, model, optimizer):
+    """Model, optimizer and :class:`~ssmhub.training.batches.WindowBatches` prepared by Accelerate: a DataLoader
+    over (plain or packed) windows in the seeded order of :class:`EpochShuffleSampler`, each process its share."""
+    sampler = EpochShuffleSampler(len(train_windows), config.seed)
+    loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if len(loader) == 0:
+        raise ValueError(
+            f"{len(train_windows)} train windows are too few for a global batch of "
+            f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
+        )
+    return model, optimizer, WindowBatches(loader, sampler)
+
+
+def _stateful_batches(config: TrainConfig, accelerator, stream, model):
+    """:class:`~ssmhub.training.stateful.StatefulBatches` of this process: rows ``p*b:(p+1)*b`` of the
+    ``b x num_processes`` rows that read the train documents (every process knows every row's place)."""
+    from .stateful import DocumentStreams, StatefulBatches
+
+    rows_here = config.per_device_train_batch_size
+    streams = DocumentStreams(stream, rows_here * accelerator.num_processes, config.seq_len, config.seed)
+    mine = slice(accelerator.process_index * rows_here, (accelerator.process_index + 1) * rows_here)
+    num_layers = accelerator.unwrap_model(model).config.num_hidden_layers
+    return StatefulBatches(streams, mine, num_layers, accelerator.device)
 
 
 @contextlib.contextmanager
@@ -464,13 +484,19 @@ def _build_model_and_optimizer(config: TrainConfig, tokenizer):
     return model, optimizer, scheduler
 
 
-def _resume_point(config: TrainConfig, accelerator, output_dir: Path) -> _Progress:
+def _resume_point(config: TrainConfig, accelerator, output_dir: Path, batches) -> _Progress:
     """Step 0 of a fresh run; with ``resume``, the newest checkpoint's, after restoring it into ``accelerator``
-    (model, optimizer, scheduler, RNG states)."""
+    (model, optimizer, scheduler, RNG states) and ``batches`` (the data position; a stateful run's carried
+    states and every row's place in its document)."""
     if not config.resume:
         return _Progress()
-    _check_resume_matches(config, output_dir, accelerator.num_processes)
     path, state = load_checkpoint(accelerator, output_dir)
+    if config.stateful:
+        if "streams" not in state:
+            raise CheckpointError(f"checkpoint {path} was not written by a stateful run (no document streams in it)")
+        batches.load(path, accelerator.process_index, state["streams"])
+    else:
+        batches.start(state["epoch"], state["position"])
     accelerator.print(f"resumed from {path} at step {state['step']}")
     return _Progress(step=state["step"], epoch=state["epoch"], position=state["position"])
 
@@ -492,14 +518,13 @@ def _run_loop(setup: _TrainingSetup, progress: _Progress, on_step_end: Callable[
     from tqdm.auto import tqdm
 
     config = setup.config
-    batches = _batches(setup.loader, setup.sampler, progress.epoch, progress.position)
     hidden = not setup.accelerator.is_local_main_process
     bar = tqdm(total=config.max_steps, initial=progress.step, desc="training", disable=hidden)
     progress.started = time.perf_counter()
     recent: list[float] = []  # train losses since the bar last showed one
     setup.model.train()
     while progress.step < config.max_steps:
-        outcome = _train_step(setup, batches)
+        outcome = _train_step(setup)
         progress.step += 1
         progress.epoch, progress.position, progress.train_loss = outcome.epoch, outcome.position, outcome.loss
         recent.append(outcome.loss)
@@ -514,18 +539,26 @@ def _run_loop(setup: _TrainingSetup, progress: _Progress, on_step_end: Callable[
     bar.close()
 
 
-def _train_step(setup: _TrainingSetup, batches: Iterator[tuple[int, int, torch.Tensor]]) -> _StepOutcome:
-    """One optimizer step over ``gradient_accumulation_steps`` micro-batches drawn from ``batches``
+def _train_step(setup: _TrainingSetup) -> _StepOutcome:
+    """One optimizer step over ``gradient_accumulation_steps`` micro-batches drawn from ``setup.batches``
     (gradients synchronized across processes on the last one only), clipped to ``max_grad_norm``; the
-    scheduler steps with the optimizer."""
+    scheduler steps with the optimizer.
+
+    A micro-batch's loss is its predicted tokens' summed loss over their mean count per process
+    (``num_items_in_batch``), so that processes whose rows predict different numbers of tokens (packed and
+    stateful rows skip each document's first token) give the loss of the global batch, as one process would.
+    """
     config, accelerator, model = setup.config, setup.accelerator, setup.model
     micro_losses = []
     for micro in range(config.gradient_accumulation_steps):
-        epoch, position, batch = next(batches)
+        inputs = setup.batches.next_inputs()
+        predicted = accelerator.reduce(count_targets(inputs).to(accelerator.device), reduction="sum")
+        per_process = predicted.double().clamp(min=1) / accelerator.num_processes
         last = micro == config.gradient_accumulation_steps - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):
-            loss = model(batch, labels=batch, use_cache=False).loss
+            loss = model(**{"use_cache": False, **inputs}, num_items_in_batch=per_process).loss
             accelerator.backward(loss / config.gradient_accumulation_steps)
+        setup.batches.truncate()
         micro_losses.append(loss.detach().float())
     if config.max_grad_norm > 0:
         accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -534,7 +567,8 @@ def _train_step(setup: _TrainingSetup, batches: Iterator[tuple[int, int, torch.T
     setup.scheduler.step()
     setup.optimizer.zero_grad(set_to_none=True)
     step_loss = accelerator.reduce(torch.stack(micro_losses).mean(), reduction="mean").item()
-    return _StepOutcome(step_loss, lr, epoch, position)
+    data = setup.batches.state()
+    return _StepOutcome(step_loss, lr, data["epoch"], data["position"])
 
 
 def _evaluate_and_checkpoint(setup: _TrainingSetup, progress: _Progress) -> None:
@@ -545,8 +579,9 @@ def _evaluate_and_checkpoint(setup: _TrainingSetup, progress: _Progress) -> None
         progress.eval_loss = loss
         _log_metrics(setup, progress, "validation", progress.eval_loss)
     if config.save_steps and step % config.save_steps == 0:
-        position = {"epoch": progress.epoch, "position": progress.position}
-        save_checkpoint(setup.accelerator, setup.output_dir, step, position, config.save_total_limit)
+        accelerator, batches = setup.accelerator, setup.batches
+        write_states = (lambda folder: batches.save(folder, accelerator.process_index)) if config.stateful else None
+        save_checkpoint(accelerator, setup.output_dir, step, batches.state(), config.save_total_limit, write_states)
 
 
 def _log_metrics(setup: _TrainingSetup, progress: _Progress, split: str, loss: float, lr: float | None = None) -> None:
