@@ -30,6 +30,8 @@ from typing import NamedTuple
 
 import torch
 
+from .cache_files import read_cache_file, write_cache_file
+
 __all__ = ["RecurrentCache"]
 
 LayerState = dict[str, torch.Tensor]
@@ -281,15 +283,17 @@ class RecurrentCache:
         return copy
 
     def save(self, path: str | os.PathLike, model) -> None:
-        """Write the cache to one safetensors file with what identifies ``model`` (see
-        :func:`ssmhub.cache_files.save_cache`)."""
-        from .cache_files import save_cache
-
-        save_cache(self, path, model)
+        """Write the cache (a prefilled prompt of ``model``) to one safetensors file, atomically, with what
+        identifies ``model`` (:mod:`ssmhub.cache_files`). A ValueError names ``cache`` if it is empty."""
+        write_cache_file(self.layers, self.seen_tokens, path, model)
 
     @classmethod
     def load(cls, path: str | os.PathLike, model, batch_size: int | None = None) -> RecurrentCache:
-        """Read a cache written by :meth:`save` for ``model`` (see :func:`ssmhub.cache_files.load_cache`)."""
-        from .cache_files import load_cache
-
-        return load_cache(path, model, batch_size)
+        """Read a cache written by :meth:`save` for ``model``, on its device, ready for ``generate(...,
+        cache=...)``. A file written for another model, dtype or ``batch_size`` (if given) is a ValueError
+        naming the mismatch (``model_type``, ``config_hash``, ``weights_fingerprint``, ``dtype``,
+        ``batch_size``)."""
+        layers, seen_tokens = read_cache_file(path, model, batch_size)
+        cache = cls(len(layers))
+        cache.layers, cache.seen_tokens = layers, seen_tokens
+        return cache

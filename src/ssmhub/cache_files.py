@@ -1,11 +1,13 @@
 """Prompt caches on disk: prefill a long document once, continue from it in later sessions.
 
-A :class:`~ssmhub.cache.RecurrentCache` is written to one safetensors file: its tensors (``layers.<i>.<field>``)
-and, in the file's metadata, what identifies the model it belongs to: the family (``model_type``), a hash of
-the config's fields that shape the computation, a fingerprint of the weights, the dtype, the batch size and
-the tokens absorbed. :func:`load_cache` refuses, with a ValueError naming the mismatch, a file written for
-another model, dtype or batch size: a state fed to the wrong model decodes nonsense without any error.
-The write is atomic (a temporary file, fsync, rename), so a crash never leaves half a cache.
+The file format behind :meth:`ssmhub.cache.RecurrentCache.save` and :meth:`~ssmhub.cache.RecurrentCache.load`
+(this module reads and writes layer states; it does not import the cache class). A cache is one safetensors
+file: its tensors (``layers.<i>.<field>``) and, in the file's metadata, what identifies the model it belongs
+to: the family (``model_type``), a hash of the config's fields that shape the computation, a fingerprint of
+the weights, the dtype, the batch size and the tokens absorbed. :func:`read_cache_file` refuses, with a
+ValueError naming the mismatch, a file written for another model, dtype or batch size: a state fed to the
+wrong model decodes nonsense without any error. The write is atomic (a temporary file, fsync, rename), so a
+crash never leaves half a cache.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 
-from .cache import RecurrentCache
 from .fileio import atomic_path
 
-__all__ = ["config_hash", "load_cache", "model_identity", "save_cache", "weights_fingerprint"]
+__all__ = ["config_hash", "model_identity", "read_cache_file", "weights_fingerprint", "write_cache_file"]
+
+LayerStates = list[dict[str, torch.Tensor] | None]
 
 FORMAT = "ssmhub-recurrent-cache"
 VERSION = "1"
@@ -71,19 +74,20 @@ def model_identity(model) -> dict[str, str]:
     }
 
 
-def save_cache(cache: RecurrentCache, path: str | os.PathLike, model) -> None:
-    """Write ``cache`` (a prefilled prompt of ``model``) to ``path``, atomically.
+def write_cache_file(layers: LayerStates, seen_tokens: int, path: str | os.PathLike, model) -> None:
+    """Write a cache's layer states and token count (a prefilled prompt of ``model``) to ``path``, atomically.
 
     Raises a ValueError naming ``cache`` if it is empty (nothing prefilled) or holds a different number of
     layers than ``model``.
     """
-    if cache.batch_size is None or cache.seen_tokens == 0:
+    batch_size = next((next(iter(state.values())).shape[0] for state in layers if state), None)
+    if batch_size is None or seen_tokens == 0:
         raise ValueError("cache is empty: prefill a prompt into it (model(ids, use_cache=True)) before saving it")
-    if len(cache) != model.config.num_hidden_layers:
-        raise ValueError(f"cache has {len(cache)} layers but the model has {model.config.num_hidden_layers}")
+    if len(layers) != model.config.num_hidden_layers:
+        raise ValueError(f"cache has {len(layers)} layers but the model has {model.config.num_hidden_layers}")
     tensors = {
         f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
-        for i, state in enumerate(cache.layers)
+        for i, state in enumerate(layers)
         if state is not None
         for name, tensor in state.items()
     }
@@ -91,8 +95,8 @@ def save_cache(cache: RecurrentCache, path: str | os.PathLike, model) -> None:
         "format": FORMAT,
         "version": VERSION,
         **model_identity(model),
-        "batch_size": str(cache.batch_size),
-        "seen_tokens": str(cache.seen_tokens),
+        "batch_size": str(batch_size),
+        "seen_tokens": str(seen_tokens),
     }
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
@@ -122,9 +126,8 @@ def _check_identity(saved: dict[str, str], model, batch_size: int | None, path) 
         )
 
 
-def load_cache(path: str | os.PathLike, model, batch_size: int | None = None) -> RecurrentCache:
-    """Read a cache written by :func:`save_cache`, on ``model``'s device, ready for ``model.generate(...,
-    cache=...)`` or a forward.
+def read_cache_file(path: str | os.PathLike, model, batch_size: int | None = None) -> tuple[LayerStates, int]:
+    """The layer states (on ``model``'s device) and token count of a file written by :func:`write_cache_file`.
 
     Args:
         path: the file. model: the model it must belong to (same family, config, weights and dtype).
@@ -138,11 +141,8 @@ def load_cache(path: str | os.PathLike, model, batch_size: int | None = None) ->
     with safe_open(os.fspath(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     _check_identity(metadata, model, batch_size, path)
-    cache = RecurrentCache(model.config.num_hidden_layers)
+    layers: LayerStates = [None] * model.config.num_hidden_layers
     for key, tensor in load_file(os.fspath(path), device=str(model.device)).items():
         _, index, name = key.split(".", 2)
-        state = cache.layers[int(index)] or {}
-        state[name] = tensor
-        cache.layers[int(index)] = state
-    cache.seen_tokens = int(metadata["seen_tokens"])
-    return cache
+        layers[int(index)] = {**(layers[int(index)] or {}), name: tensor}
+    return layers, int(metadata["seen_tokens"])
