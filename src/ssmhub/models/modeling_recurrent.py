@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -27,6 +28,7 @@ from transformers.modeling_outputs import (
 
 from ..cache import RecurrentCache
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
+from .generation import check_assisted_decoding_arguments, rollback_reach
 from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
 from .packed_inputs import document_starts, packing_arguments
 
@@ -74,19 +76,29 @@ class RecurrentBlock(GradientCheckpointingLayer):
     def forward(self, hidden_states, mask=None, state=None, return_state=False, document_starts=None):
         """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``); ``document_starts``
         (B, L) bool marks where a packed row's documents begin (every state restarts there)."""
+        return self._around_mixer(
+            hidden_states, lambda x: self.mixer(x, mask, state, return_state, document_starts=document_starts)
+        )
+
+    def forward_with_history(self, hidden_states, mask, state, num_states: int):
+        """Like :meth:`forward` with ``return_state``, but the second output is the mixer's states after each of
+        the last ``num_states`` positions, oldest first (``TokenMixer.forward_with_history``): what a recording
+        cache keeps to roll back exactly."""
+        return self._around_mixer(hidden_states, lambda x: self.mixer.forward_with_history(x, mask, state, num_states))
+
+    def _around_mixer(self, hidden_states, mix):
+        """The block's norms, residuals and MLP around ``mix`` (the mixer call: x -> (y, its second output))."""
         if self.prenorm:
-            mixed, new_state = self.mixer(
-                self.mixer_norm(hidden_states), mask, state, return_state, document_starts=document_starts
-            )
+            mixed, extra = mix(self.mixer_norm(hidden_states))
             hidden_states = hidden_states + mixed if self.residual else mixed
             if self.mlp is not None:
                 hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
         else:
-            mixed, new_state = self.mixer(hidden_states, mask, state, return_state, document_starts=document_starts)
+            mixed, extra = mix(hidden_states)
             hidden_states = self.mixer_norm(hidden_states + mixed)
             if self.mlp is not None:
                 hidden_states = self.mlp_norm(hidden_states + self.mlp(hidden_states))
-        return hidden_states, new_state
+        return hidden_states, extra
 
 
 def _pytorch_default_init(module: nn.Linear | nn.Embedding) -> None:
@@ -243,6 +255,28 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             write_remote_code(type(self), os.fspath(save_directory))
 
 
+def _states_to_record(cache: RecurrentCache | None, seq_len: int, rollback: int, starts) -> int:
+    """How many of the new tokens' states a recording cache keeps (0: none, the ordinary forward)."""
+    if cache is None:
+        return 0
+    recorded = cache.states_to_record(seq_len, rollback)
+    if recorded and starts is not None:
+        raise ValueError(
+            "a recording cache (assisted decoding) cannot take packed rows (position_ids restarting, seq_idx)"
+        )
+    return recorded
+
+
+def _pieces(seq_len: int, recorded: int) -> list[tuple[int, int, int]]:
+    """``(start, stop, num_states)`` runs of a forward: the tokens before the ``recorded`` last ones run as an
+    ordinary forward (the same work, and bits, as a forward of them alone), then the recorded ones with their
+    states kept; a forward that records nothing is one run."""
+    if not recorded:
+        return [(0, seq_len, 0)]
+    head = seq_len - recorded
+    return ([(0, head, 0)] if head else []) + [(head, seq_len, recorded)]
+
+
 class RecurrentModel(RecurrentPreTrainedModel):
     """Embeddings, a stack of :class:`RecurrentBlock`, and a final norm (pre-norm models)."""
 
@@ -268,6 +302,7 @@ class RecurrentModel(RecurrentPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         past_key_values: RecurrentCache | None = None,
+        rollback: int = 0,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         """Args follow transformers: ``cache`` (``past_key_values`` before transformers 5.24; either name
@@ -278,7 +313,9 @@ class RecurrentModel(RecurrentPreTrainedModel):
         token, the first included, starts a row's next document from a fresh state. Packed rows (several
         documents back to back) are marked the way ``transformers.DataCollatorWithFlattening`` marks them:
         ``position_ids`` restarting at 0, or ``seq_idx``, or ``cu_seq_lens_q`` / ``cu_seq_lens_k``
-        (:mod:`ssmhub.models.packed_inputs`); each document then runs as if alone."""
+        (:mod:`ssmhub.models.packed_inputs`); each document then runs as if alone. ``rollback``: with a
+        recording cache (assisted decoding), how many of the new tokens a ``cache.crop`` may remove afterwards
+        (:meth:`RecurrentCache.states_to_record`)."""
         cache = resolve_cache_argument(cache, past_key_values)
         past_length = cache.get_seq_length() if cache is not None else 0
         check_model_inputs(
@@ -299,19 +336,21 @@ class RecurrentModel(RecurrentPreTrainedModel):
         )
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
-
-        all_hidden_states = () if output_hidden_states else None
-        for idx, block in enumerate(self.layers):
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            state = cache.get(idx) if cache is not None else None
-            hidden_states, new_state = block(
-                hidden_states, mask=mask, state=state, return_state=use_cache, document_starts=starts
-            )
+        recorded = _states_to_record(cache if use_cache else None, seq_len, rollback, starts)
+        outputs, layer_inputs = [], []
+        for start, stop, num_states in _pieces(seq_len, recorded):
+            out, inputs = self._run_layers(
+                hidden_states[:, start:stop], None if mask is None else mask[:, start:stop], cache, use_cache,
+                starts, num_states, output_hidden_states,
+            )  # fmt: skip
             if use_cache:
-                cache.update(idx, new_state)
-        if use_cache:
-            cache.advance(seq_len)
+                cache.advance(stop - start)
+            outputs.append(out)
+            layer_inputs.append(inputs)
+        hidden_states = outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1)
+        all_hidden_states = None
+        if output_hidden_states:
+            all_hidden_states = tuple(h[0] if len(h) == 1 else torch.cat(h, 1) for h in zip(*layer_inputs))
         if self.norm_f is not None:
             hidden_states = self.norm_f(hidden_states)
         if output_hidden_states:
@@ -324,6 +363,26 @@ class RecurrentModel(RecurrentPreTrainedModel):
             last_hidden_state=hidden_states, hidden_states=all_hidden_states, **{CACHE_FIELD: cache_out}
         )
 
+    def _run_layers(self, hidden_states, mask, cache, use_cache, starts, num_states, output_hidden_states):
+        """The blocks on (B, L, H) new tokens, each continuing from and updating its state in ``cache``; with
+        ``num_states`` > 0 each block also hands the cache its states after the last ``num_states`` positions
+        (a recording cache). Returns the last block's output and, if asked, each block's input."""
+        inputs = ()
+        for idx, block in enumerate(self.layers):
+            if output_hidden_states:
+                inputs += (hidden_states,)
+            state = cache.get(idx) if cache is not None else None
+            if num_states:
+                hidden_states, history = block.forward_with_history(hidden_states, mask, state, num_states)
+                cache.update(idx, history[-1], history=history)
+                continue
+            hidden_states, new_state = block(
+                hidden_states, mask=mask, state=state, return_state=use_cache, document_starts=starts
+            )
+            if use_cache:
+                cache.update(idx, new_state)
+        return hidden_states, inputs
+
 
 class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     """Language-model head (tied to the embeddings by default) over the family's backbone.
@@ -335,6 +394,9 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
 
     backbone_class: type[RecurrentModel] = None
     _tied_weights_keys = {"lm_head.weight": "backbone.embeddings.weight"}
+    # transformers reads `_is_stateful` only to refuse assisted decoding, because a recurrent state cannot in
+    # general be rewound; RecurrentCache can (exact rollback, see ssmhub.cache), so the refusal is lifted here
+    _is_stateful = False
 
     def __init__(self, config):
         super().__init__(config)
@@ -346,12 +408,33 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
 
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
+        """transformers' hook, plus the cache assisted decoding needs: a verifier must have one before its first
+        forward (transformers builds one only for models with a default dynamic cache), and an assistant's must
+        record, since the verifier rolls it back."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, *args, **kwargs)
+        assisted = generation_mode == GenerationMode.ASSISTED_GENERATION or generation_config.is_assistant
+        if assisted and generation_config.use_cache is not False and model_kwargs.get(CACHE_FIELD) is None:
+            model_kwargs[CACHE_FIELD] = RecurrentCache(self.config.num_hidden_layers)
+        if generation_config.is_assistant and model_kwargs.get(CACHE_FIELD) is not None:
+            model_kwargs[CACHE_FIELD].activate_past_recording()
+
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
-        """transformers' ``generate``, with the prompt checked first: an empty one (``input_ids`` of shape
-        (B, 0)) raises a ValueError naming ``input_ids`` instead of an IndexError from inside transformers."""
+        """transformers' ``generate``, with the inputs checked first: an empty prompt (``input_ids`` of shape
+        (B, 0)) raises a ValueError naming ``input_ids`` instead of an IndexError from inside transformers, and
+        assisted or prompt-lookup decoding with a bad ``prompt_lookup_num_tokens`` or an ``assistant_model`` of
+        another vocabulary a ValueError naming it, before any decoding. The verifier's cache stops recording
+        when ``generate`` returns (ordinary decoding from it keeps no snapshots)."""
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
         check_generation_prompt(prompt, kwargs.get("inputs_embeds"), self.generation_config.bos_token_id)
-        return super().generate(inputs, *args, **kwargs)
+        check_assisted_decoding_arguments(self, kwargs)
+        result = super().generate(inputs, *args, **kwargs)
+        config = kwargs.get("generation_config")
+        if not getattr(config, "is_assistant", False):
+            for cache in (kwargs.get(CACHE_FIELD), kwargs.get("past_key_values"), getattr(result, CACHE_FIELD, None)):
+                if isinstance(cache, RecurrentCache):
+                    cache.deactivate_past_recording()
+        return result
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -387,6 +470,7 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            rollback=rollback_reach(logits_to_keep, input_ids if input_ids is not None else inputs_embeds),
             **packing_arguments(kwargs),
         )
         hidden_states = outputs.last_hidden_state
