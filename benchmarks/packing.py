@@ -199,9 +199,10 @@ def mixer_timings(args, docs: list[list[int]]) -> str:
     makers = {"mamba": lambda: MambaMixer(args.hidden_size), "bdlrnn": lambda: BDLRNNMixer(args.hidden_size)}
     rows = []
     for seq_len in args.seq_lens:
-        batch_size = max(1, args.tokens_per_step // seq_len)
+        batch_size = max(1, 4 * args.tokens_per_step // seq_len)  # 4× the training batch: rows hold their share
         _, positions = packed_rows(docs, seq_len)
-        starts = positions[:batch_size] == 0  # the first rows of the data
+        picks = torch.linspace(0, positions.shape[0] - 1, batch_size).round().long()  # rows spread through the data
+        starts = positions[picks] == 0  # (B, L)
         x = torch.randn(batch_size, seq_len, args.hidden_size)
         for family in args.families:
             if family not in makers:
