@@ -31,6 +31,9 @@ MIXERS = {
     "h3": lambda: H3Mixer(WIDTH, max_kernel_length=6, ssm_num_heads=4, squash_lambda=0.0),
     "h3-ssm": lambda: H3Mixer(WIDTH, max_kernel_length=6, kernel_type="diagonal_ssm", ssm_state_size=4),
     "mamba": lambda: MambaMixer(WIDTH, state_size=4),
+    "mamba-sequential": lambda: MambaMixer(WIDTH, state_size=4, scan="sequential"),
+    "bdlrnn-parallel": lambda: BDLRNNMixer(WIDTH, block_size=4, transition_hidden_size=16, scan="parallel"),
+    "bdlrnn-zero-x0": lambda: BDLRNNMixer(WIDTH, block_size=4, transition_hidden_size=16, learned_initial_state=False),
     "resampling-branch": lambda: ResamplingBranch(
         WIDTH, 4, 0.5, resampling_window=3, num_distance_features=2, expand=2, state_size=4
     ),
@@ -133,6 +136,48 @@ def test_packed_rows_equal_the_stepwise_reference_with_a_state_and_padding(mixer
     torch.testing.assert_close(mixer(more, state=state)[0], mixer(more, state=state_ref)[0], atol=TOL, rtol=TOL)
     if not isinstance(mixer, CausalSelfAttention):
         _assert_states_equal(state, state_ref)
+    weights = torch.randn_like(y)
+    (grad,) = torch.autograd.grad((y * weights).sum(), x)
+    (grad_ref,) = torch.autograd.grad((y_ref * weights).sum(), x)
+    torch.testing.assert_close(grad, grad_ref, atol=TOL, rtol=TOL)
+
+
+NATIVE_PACKING = {"mamba", "mamba-sequential", "bdlrnn", "bdlrnn-parallel", "bdlrnn-zero-x0", "attention", "serpent"}
+
+
+@pytest.mark.parametrize("name", sorted(NATIVE_PACKING))
+def test_native_packed_forms_run_the_row_itself_not_a_batch_of_documents(name, monkeypatch):
+    """Mixers with a native packed form never call the protocol's batch of documents (whose cost is S×W)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("split_documents called: the generic packed form ran")
+
+    monkeypatch.setattr("ssmhub.layers.mixer.split_documents", refuse)
+    torch.manual_seed(0)
+    mixer = MIXERS[name]()
+    if isinstance(mixer, SerpentMixer):  # its resampling branches still batch their documents
+        mixer = SerpentMixer(WIDTH, resampling_rates=[])
+    starts = torch.zeros(2, 6, dtype=torch.bool)
+    starts[:, [0, 2]] = True
+    mixer(torch.randn(2, 6, WIDTH), document_starts=starts)
+
+
+@pytest.mark.parametrize("continuing", [False, True])
+def test_long_packed_rows_equal_the_stepwise_reference(mixer, continuing):
+    """Documents of lengths 1, 2, 17, 5, 15 (starts on and off the selective scan's 16-step chunks, longer than
+    every kernel here), rows that differ, with and without an incoming state: outputs, final state, gradients."""
+    length = 40
+    x = _inputs(2, length, seed=5).requires_grad_()
+    starts = torch.zeros(2, length, dtype=torch.bool)
+    starts[0, [0, 1, 3, 20, 25]] = True
+    starts[1, [16, 17, 32]] = True
+    starts[1, 0] = not continuing
+    state = mixer(_inputs(2, 4, seed=6), return_state=True)[1] if continuing else None
+    y, final = mixer(x, state=state, return_state=True, document_starts=starts)
+    y_ref, final_ref = mixer._forward_documents_stepwise(x, None, state, True, starts)
+    torch.testing.assert_close(y, y_ref, atol=TOL, rtol=TOL)
+    if not isinstance(mixer, CausalSelfAttention):
+        _assert_states_equal(final, final_ref)
     weights = torch.randn_like(y)
     (grad,) = torch.autograd.grad((y * weights).sum(), x)
     (grad_ref,) = torch.autograd.grad((y_ref * weights).sum(), x)

@@ -1,5 +1,6 @@
 """selective_scan (chunked, own backward) vs the loop oracle, explicit formulas and transformers' slow path."""
 
+import itertools
 import math
 
 import pytest
@@ -345,3 +346,55 @@ def test_step_bad_inputs():
     for name, bad, message in cases:
         with pytest.raises(ValueError, match=message):
             selective_step(**{**good, name: bad})
+
+
+def _pieces_alone(fn, tensors, resets):
+    """The oracle of a scan with resets: every row cut at its resets, each piece scanned alone from zero (the first
+    piece of a row from the row's initial state unless it resets at 0). Returns y and the final states."""
+    x, delta, A, B, C, D, z, h0 = tensors
+    ys, finals = [], []
+    for b in range(x.shape[0]):
+        bounds = [0] + [t for t in resets[b].nonzero().flatten().tolist() if t > 0] + [x.shape[1]]
+        pieces, state = [], h0[b : b + 1]
+        for i, (s, e) in enumerate(itertools.pairwise(bounds)):
+            start = None if i > 0 or bool(resets[b, 0]) else state
+            row = [t[b : b + 1, s:e] for t in (x, delta)] + [A] + [t[b : b + 1, s:e] for t in (B, C)]
+            y, state = fn(*row, D, z[b : b + 1, s:e], initial_state=start, return_final_state=True)
+            pieces.append(y)
+        ys.append(torch.cat(pieces, 1))
+        finals.append(state)
+    return torch.cat(ys), torch.cat(finals)
+
+
+@pytest.mark.parametrize(
+    "fn,kwargs", [(selective_scan, {"chunk_size": 4}), (selective_scan, {}), (selective_scan_ref, {})]
+)
+def test_resets_restart_the_state_as_pieces_scanned_alone(fn, kwargs):
+    """Resets (document starts in a packed row): outputs, final state and all gradients equal each piece scanned
+    alone, with pieces of lengths 1 and 2, resets on chunk edges and inside chunks, and a reset at t = 0 that
+    discards the initial state; the chunked scan with resets also equals the loop with resets."""
+    tensors = _inputs(2, 19, 3, 4, seed=11)
+    resets = torch.zeros(2, 19, dtype=torch.bool)
+    resets[0, [4, 5, 7, 13]] = True
+    resets[1, [0, 8]] = True
+    weights = _weights(tensors)
+    got = _run(fn, tensors, weights, resets=resets, **kwargs)
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    y, final = _pieces_alone(selective_scan_ref, leaves, resets)
+    loss = (y * weights[0]).sum() + (final * weights[1]).sum()
+    expected = (y.detach(), final.detach(), torch.autograd.grad(loss, leaves, materialize_grads=True))
+    _assert_runs_match(got, expected, rtol=1e-10, atol=1e-12)
+    _assert_runs_match(got, _run(selective_scan_ref, tensors, weights, resets=resets), rtol=1e-10, atol=1e-12)
+
+
+def test_resets_pass_gradcheck_and_bad_resets_are_refused():
+    tensors = [t.requires_grad_() for t in _inputs(2, 5, 3, 2, seed=12)]
+    resets = torch.tensor([[False, False, True, False, True], [True, False, False, True, False]])
+
+    def fn(*args):
+        return selective_scan(*args, return_final_state=True, chunk_size=2, resets=resets)
+
+    assert torch.autograd.gradcheck(fn, tensors)
+    for bad in (resets.long(), resets[:, :-1]):
+        with pytest.raises(ValueError, match="resets must be a bool tensor"):
+            selective_scan(*tensors, resets=bad)

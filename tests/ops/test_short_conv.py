@@ -1,5 +1,7 @@
 """causal_depthwise_conv against its oracle, torch.nn.functional.conv1d with groups = E on [history ; x]."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -67,3 +69,51 @@ def test_float32_and_bad_shapes():
         causal_depthwise_conv(x, weight, bias[:2])
     with pytest.raises(ValueError, match=r"history must have shape \(B, k − 1, E\)"):
         causal_depthwise_conv(x, weight, bias, history[:, :2])
+
+
+def _documents_alone(x, weight, bias, history, starts):
+    """The oracle of a packed row: conv1d of each document alone from zeros (the history only before a row's
+    first start), row by row."""
+    rows = []
+    for b in range(x.shape[0]):
+        bounds = [0] + [t for t in starts[b].nonzero().flatten().tolist() if t > 0] + [x.shape[1]]
+        pieces = []
+        for i, (begin, end) in enumerate(itertools.pairwise(bounds)):
+            fresh = i > 0 or bool(starts[b, 0])
+            before = torch.zeros_like(history[b : b + 1]) if fresh else history[b : b + 1]
+            pieces.append(_oracle(x[b : b + 1, begin:end], weight, bias, before))
+        rows.append(torch.cat(pieces, dim=1))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("taps", [1, 2, 4, 7])
+def test_document_starts_cut_every_tap_across_them(taps):
+    """A packed row equals each document convolved alone: documents shorter than the kernel (lengths 1, 2),
+    longer ones, a row that continues its history and one that restarts at 0; values and all four gradients."""
+    x, weight, bias, history = _inputs(2, 13, 3, taps, seed=20 + taps)
+    starts = torch.zeros(2, 13, dtype=torch.bool)
+    starts[0, [3, 4, 6]] = True  # row 0: history continues for 3, then documents of 1, 2, 7
+    starts[1, [0, 9]] = True  # row 1: fresh documents of 9 and 4
+    ours_in = [t.clone().requires_grad_() for t in (x, weight, bias, history)]
+    ref_in = [t.clone().requires_grad_() for t in (x, weight, bias, history)]
+    y = causal_depthwise_conv(*ours_in, starts=starts)
+    y_ref = _documents_alone(*ref_in, starts)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    y.backward(grad)
+    y_ref.backward(grad)
+    for name, ours, ref in zip(("x", "weight", "bias", "history"), ours_in, ref_in):
+        torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-12, atol=1e-12, msg=f"gradient of {name}")
+
+
+def test_no_document_start_is_the_plain_convolution_and_bad_starts_are_refused():
+    x, weight, bias, history = _inputs(2, 9, 3, 4, seed=5)
+    no_starts = torch.zeros(2, 9, dtype=torch.bool)
+    torch.testing.assert_close(
+        causal_depthwise_conv(x, weight, bias, history, starts=no_starts),
+        causal_depthwise_conv(x, weight, bias, history),
+        rtol=0,
+        atol=0,
+    )
+    with pytest.raises(ValueError, match="starts must be a bool tensor"):
+        causal_depthwise_conv(x, weight, bias, history, starts=no_starts.long())

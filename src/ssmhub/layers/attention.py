@@ -54,8 +54,15 @@ class CausalSelfAttention(TokenMixer):
         """A document start: the rows' earlier keys are never attended to again."""
         return {**state, "key_mask": state["key_mask"] & ~rows[:, None]}
 
-    def _forward(self, x, mask, state, return_state):
-        """x (B, L, d), mask (B, L) of the new tokens; ``state`` holds the earlier tokens' keys/values."""
+    def _forward_documents(self, x, mask, state, return_state, starts):
+        """Packed rows natively: one attention call on the whole row with a block-diagonal causal mask (a query
+        sees the keys of its own document only), instead of a batch of documents; the oracle is
+        :meth:`_forward_documents_stepwise` (earlier documents' keys masked out at each start)."""
+        return self._forward(x, mask, state, return_state, starts)
+
+    def _forward(self, x, mask, state, return_state, starts=None):
+        """x (B, L, d), mask (B, L) of the new tokens; ``state`` holds the earlier tokens' keys/values;
+        ``starts`` (B, L) bool or None: document starts of packed rows."""
         batch, length, _ = x.shape
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
         # (B, L, d) -> (B, heads, L, d_head)
@@ -73,6 +80,11 @@ class CausalSelfAttention(TokenMixer):
         query_pos = torch.arange(past, past + length, device=x.device)[:, None]  # (L, 1)
         key_pos = torch.arange(k.shape[2], device=x.device)[None, :]  # (1, T)
         allowed = (key_pos <= query_pos) & (key_mask[:, None, :] | (key_pos == query_pos))  # (B, L, T)
+        if starts is not None:  # document d of a row is its tokens after d starts; the state's keys are document 0
+            query_doc = starts.long().cumsum(1)  # (B, L)
+            key_doc = torch.cat([query_doc.new_zeros(batch, past), query_doc], dim=1)  # (B, T)
+            allowed = allowed & (key_doc[:, None, :] == query_doc[:, :, None])  # block-diagonal causal
+            key_mask = key_mask & (key_doc == query_doc[:, -1:])  # what the row's last document may still see
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=allowed[:, None], dropout_p=self.dropout if self.training else 0.0
         )  # (B, heads, L, d_head)

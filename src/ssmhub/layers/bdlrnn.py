@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..ops.block_norm import normalize_by_largest_column
-from ..ops.block_scan import block_scan, block_scan_ref, block_step
+from ..ops.block_scan import block_scan, block_scan_ref, block_step, restart_blocks
 from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
 from .bdlrnn_options import NORM_MODES, BDLRNNOptions
@@ -160,9 +160,18 @@ class BDLRNNMixer(TokenMixer):
         return state
 
     # ----------------------------------------------------------------------------- forward
-    def _forward(self, x, mask, state, return_state):
-        """x (B, T, d) -> y (B, T, d) in x's dtype: the flattened states x_1..x_T."""
+    def _forward_documents(self, x, mask, state, return_state, starts):
+        """Packed rows natively, at the cost of an unpacked row: at a document start Eq. 5 restarts from the
+        learned x_0 (``A_k → 0``, ``v_k → v_k + A_k x_0``, :func:`~ssmhub.ops.block_scan.restart_blocks`), as
+        :meth:`_forward_documents_stepwise` does one token at a time (the oracle in the tests)."""
+        return self._forward(x, mask, state, return_state, starts)
+
+    def _forward(self, x, mask, state, return_state, starts=None):
+        """x (B, T, d) -> y (B, T, d) in x's dtype: the flattened states x_1..x_T; ``starts`` (B, T) bool or
+        None: document starts of packed rows."""
         A, v = self.transitions(x, mask)  # (B, T, h, b, b), (B, T, h, b)
+        if starts is not None:
+            A, v = restart_blocks(A, v, starts, self._initial_state())
         x0 = state["bdlrnn_state"] if state is not None else self._initial_state()
         if x0 is not None and x0.dtype != A.dtype:
             x0 = x0.to(A.dtype)

@@ -165,7 +165,14 @@ class MambaMixer(TokenMixer):
         return self.conv1d.weight[:, 0, :]  # (E, k): tap k − 1 meets the newest input
 
     # ----------------------------------------------------------------------------- forward
-    def _forward(self, x, mask, state, return_state):
+    def _forward_documents(self, x, mask, state, return_state, starts):
+        """Packed rows natively, at the cost of an unpacked row: at a document start the short convolution takes
+        no tap from before it and the selective scan restarts from h = 0 (``Ā_t → 0``), as
+        :meth:`_forward_documents_stepwise` does one token at a time (the oracle in the tests)."""
+        return self._forward(x, mask, state, return_state, starts)
+
+    def _forward(self, x, mask, state, return_state, starts=None):
+        """x (B, L, H) -> y (B, L, output_size); ``starts`` (B, L) bool or None: document starts of packed rows."""
         batch = x.shape[0]
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
         if state is None:  # (B, k − 1, E): the inputs before u, oldest first (zeros before the first token)
@@ -173,7 +180,7 @@ class MambaMixer(TokenMixer):
         else:
             history = state["conv_state"].transpose(1, 2).to(u.dtype)
         conv_inputs = u
-        u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history))  # (B, L, E)
+        u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history, starts))  # (B, L, E)
         if mask is not None:  # the conv bias made masked positions nonzero again
             u = u * mask.unsqueeze(-1).to(u.dtype)
         delta, B, C = self._selective_inputs(u, mask)
@@ -188,11 +195,12 @@ class MambaMixer(TokenMixer):
             z=z,
             initial_state=None if state is None else state["ssm_state"],
             return_final_state=return_state,
+            resets=starts,
         )  # (B, L, E), (B, E, N) or None
         out = self.out_proj(y.to(x.dtype))
         if not return_state:
             return out, None
-        conv_final = conv_window(history, conv_inputs).transpose(1, 2).float().contiguous()  # (B, E, k − 1)
+        conv_final = conv_window(history, conv_inputs, starts).transpose(1, 2).float().contiguous()  # (B, E, k − 1)
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
     def _step(self, x_t, state, mask_t):

@@ -263,12 +263,18 @@ class SerpentMixer(TokenMixer):
             for name, spec in branch.state_layout(batch_size, dtype).items()
         }
 
-    def _forward(self, x, mask, state, return_state):
+    def _forward_documents(self, x, mask, state, return_state, starts):
+        """Packed rows, branch by branch: the base Mamba branch in its native packed form (the row's own cost);
+        each resampling branch through the protocol's batch of documents (its clocks, grids and windows
+        restart with every document run alone: no native form yet)."""
+        return self._forward(x, mask, state, return_state, starts)
+
+    def _forward(self, x, mask, state, return_state, starts=None):
         """x (B, L, H) -> y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
-        the block's residual)."""
+        the block's residual); ``starts`` (B, L) bool or None: document starts of packed rows."""
         outputs, new_state = [], {}
         for prefix, branch in self._branches():
-            y, branch_state = branch(x, mask, self._substate(state, prefix), return_state)
+            y, branch_state = branch(x, mask, self._substate(state, prefix), return_state, document_starts=starts)
             outputs.append(y)
             if return_state:
                 new_state.update({f"{prefix}.{name}": value for name, value in branch_state.items()})

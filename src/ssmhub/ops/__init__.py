@@ -1,6 +1,6 @@
 """Pure tensor functions: the math of every family, each next to its slow reference."""
 
-from .block_scan import block_scan, block_scan_ref, block_step
+from .block_scan import block_scan, block_scan_ref, block_step, restart_blocks
 from .butterfly import butterfly_conv, butterfly_fft, butterfly_ifft, butterfly_irfft, butterfly_rfft
 from .dlr import dlr_init, dlr_kernel, dlr_kernel_ref, dlr_scan, dlr_scan_ref, dlr_step, kronecker_dlr, lambda_powers
 from .fftconv import BackendFallbackWarning, fft_conv, fft_conv_ref, fft_size
@@ -98,6 +98,7 @@ __all__ = [
     "resampling_prefill",
     "resampling_step",
     "resampling_times",
+    "restart_blocks",
     "selective_scan",
     "selective_scan_ref",
     "selective_step",

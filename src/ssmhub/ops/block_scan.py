@@ -23,7 +23,7 @@ import torch
 
 from .precision import float32_math
 
-__all__ = ["block_scan", "block_scan_ref", "block_step"]
+__all__ = ["block_scan", "block_scan_ref", "block_step", "restart_blocks"]
 
 
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -151,3 +151,27 @@ def block_step(A_t: torch.Tensor, v_t: torch.Tensor, state: torch.Tensor) -> tor
         raise ValueError(f"state must have shape (batch, h, b) = {(batch, heads, block)}; got {tuple(state.shape)}")
     dtype = _compute_dtype(A_t, v_t, state)
     return _matvec(A_t.to(dtype), state.to(dtype)) + v_t.to(dtype)
+
+
+def restart_blocks(
+    A: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, initial_state: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold document starts into the inputs of Eq. 5, so that any scan of them restarts there from x_0.
+
+    At a start k the state must be ``x_k = A_k x_0 + v_k`` whatever came before (a packed row's next document
+    begins as a sequence does), which is Eq. 5 itself with ``A_k → 0`` and ``v_k → v_k + A_k x_0``.
+
+    Args: A (batch, T, h, b, b); v (batch, T, h, b); starts (batch, T) bool; initial_state x_0 (1 or batch, h, b)
+        or None (zeros: then only ``A_k → 0``).
+    Returns: ``(A', v')`` of the same shapes, equal to (A, v) away from the starts.
+    """
+    _check_inputs(A, v, initial_state)
+    if tuple(starts.shape) != tuple(A.shape[:2]) or starts.dtype != torch.bool:
+        raise ValueError(
+            f"starts must be a bool tensor of shape (batch, T) = {tuple(A.shape[:2])}; got {tuple(starts.shape)}"
+        )
+    if initial_state is not None:
+        fresh = _matvec(A, initial_state.to(A.dtype).unsqueeze(1))  # (batch, T, h, b): A_k x_0
+        v = torch.where(starts[..., None, None], v + fresh, v)
+    A = torch.where(starts[..., None, None, None], 0.0, A)  # (batch, T, h, b, b)
+    return A, v

@@ -55,6 +55,7 @@ def _check_inputs(
     D: torch.Tensor | None,
     z: torch.Tensor | None,
     initial_state: torch.Tensor | None,
+    resets: torch.Tensor | None = None,
 ) -> tuple[int, int, int, int]:
     """Raise ValueError unless every argument has the documented shape; return (Bt, T, E, N)."""
     if x.dim() != 3:
@@ -83,7 +84,17 @@ def _check_inputs(
             f"initial_state must have shape (Bt, E, N) = {(batch, channels, state_size)}; "
             f"got {tuple(initial_state.shape)}"
         )
+    if resets is not None and (resets.dtype != torch.bool or tuple(resets.shape) != (batch, seq_len)):
+        raise ValueError(
+            f"resets must be a bool tensor of shape (Bt, T) = {(batch, seq_len)}; got {resets.dtype} "
+            f"{tuple(resets.shape)}"
+        )
     return batch, seq_len, channels, state_size
+
+
+def _keep_factor(resets: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(Bt, T) bool resets -> (Bt, T) ``1 − r_t`` in dtype, the factor on Ā_t that restarts the state (None: none)."""
+    return None if resets is None else (~resets).to(dtype)
 
 
 def _skip_and_gate(
@@ -108,21 +119,26 @@ def selective_scan_ref(
     z: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     return_final_state: bool = False,
+    resets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Reference for :func:`selective_scan`: the recurrence one time step at a time (the oracle).
 
     Same arguments, shapes and return values as :func:`selective_scan` (no ``chunk_size``). Each step is
     ``h = exp(Δ_t·A)·h + (Δ_t·x_t)·B_t``, ``y_t = h·C_t`` (Mamba Algorithm 2 / SeRpEnt Eq. 2), then the
-    D skip and the silu(z) gate; autograd differentiates the loop. O(T) Python steps: use it for checks.
+    D skip and the silu(z) gate; where ``resets[:, t]`` the state first restarts from zero (``h ← 0``, a
+    document start in a packed row). Autograd differentiates the loop. O(T) Python steps: use it for checks.
     """
-    batch, _, channels, state_size = _check_inputs(x, delta, A, B, C, D, z, initial_state)
+    batch, seq_len, channels, state_size = _check_inputs(x, delta, A, B, C, D, z, initial_state, resets)
     dtype = _compute_dtype(x, delta, A, B, C, D, z, initial_state)
     xc, dc, Ac = x.to(dtype), delta.to(dtype), A.to(dtype)
     h = xc.new_zeros(batch, channels, state_size) if initial_state is None else initial_state.to(dtype)
     du = dc * xc  # (Bt, T, E): Δ_t·x_t
+    restart = torch.zeros(batch, seq_len, dtype=torch.bool, device=x.device) if resets is None else resets
     ys = []
     # unbind, not x[:, t]: the backward of T slices would write T full-size zero tensors (O(T²) traffic)
-    for d_t, du_t, b_t, c_t in zip(dc.unbind(1), du.unbind(1), B.to(dtype).unbind(1), C.to(dtype).unbind(1)):
+    steps = zip(dc.unbind(1), du.unbind(1), B.to(dtype).unbind(1), C.to(dtype).unbind(1), restart.unbind(1))
+    for d_t, du_t, b_t, c_t, r_t in steps:
+        h = torch.where(r_t[:, None, None], 0.0, h)  # a document start: the state restarts from zero
         h = torch.exp(d_t.unsqueeze(-1) * Ac) * h + du_t.unsqueeze(-1) * b_t.unsqueeze(1)  # (Bt, E, N)
         ys.append(torch.matmul(h, c_t.unsqueeze(-1)).squeeze(-1))  # (Bt, E)
     y = _skip_and_gate(torch.stack(ys, dim=1), xc, D, z, dtype)  # (Bt, T, E)
@@ -200,16 +216,20 @@ class _Workspace:
         self.h_steps, self.a_steps, self.u_steps = self.h.unbind(0), self.a.unbind(0), self.u.unbind(0)
         self.g_steps = self.g.unbind(0) if adjoint else ()
 
-    def states(self, length: int, d_c: torch.Tensor, du_c: torch.Tensor, A2_t: torch.Tensor, b_c: torch.Tensor):
+    def states(self, length: int, d_c, du_c, A2_t, b_c, keep_c=None):
         """Fill h[1..L] from h[0]: ``h[j+1] = Ā_j·h[j] + B̄_j x_j`` for the chunk's L steps.
 
-        d_c, du_c: (L, Bt, E) Δ and Δ·x; A2_t: (N, E) = Aᵀ·log₂e; b_c: (L, Bt, N). The discretisation is
+        d_c, du_c: (L, Bt, E) Δ and Δ·x; A2_t: (N, E) = Aᵀ·log₂e; b_c: (L, Bt, N); keep_c: (L, Bt) ``1 − r_t``
+        or None: a reset multiplies Ā by 0 (the state restarts from zero), and the backward, which reads the
+        same Ā, then passes no gradient through it to the earlier state, Δ·A or A. The discretisation is
         two vectorised passes over the chunk; only the multiply-add is stepped (one fused addcmul per step).
         ``Ā = exp(Δ·A)`` is evaluated as ``exp2(Δ·A·log₂e)``: the same value to a few float32 ulps, and
         PyTorch's CPU exp2 is faster than its exp (benchmarks/results/selective_scan.md, "Kernel choices").
         """
         a, u = self.a[:length], self.u[:length]  # (L, Bt, N, E) each
         torch.mul(d_c.unsqueeze(2), A2_t, out=a).exp2_()  # Ā = exp(Δ·A) ∈ [0, 1]: never a positive exponent
+        if keep_c is not None:
+            a.mul_(keep_c[:, :, None, None])  # Ā_t·(1 − r_t): zero at a document start
         torch.mul(du_c.unsqueeze(2), b_c.unsqueeze(-1), out=u)  # B̄x = (Δ·x)·B
         h, a_s, u_s = self.h_steps, self.a_steps, self.u_steps
         for j in range(length):
@@ -243,7 +263,7 @@ class _SelectiveScanFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, delta, A, B, C, D, z, h0, chunk_size, save_starts):
+    def forward(ctx, x, delta, A, B, C, D, z, h0, keep, chunk_size, save_starts):
         batch, seq_len, channels = x.shape
         state_size = A.shape[1]
         chunk = min(chunk_size, seq_len)
@@ -259,7 +279,8 @@ class _SelectiveScanFn(torch.autograd.Function):
             length = e - s
             if save_starts:
                 starts[k] = ws.h[0]
-            ws.states(length, _time_major(delta, s, e), _time_major(du, s, e), A2_t, _time_major(B, s, e))
+            keep_c = None if keep is None else keep[:, s:e].t()  # (L, Bt)
+            ws.states(length, _time_major(delta, s, e), _time_major(du, s, e), A2_t, _time_major(B, s, e), keep_c)
             y_c = ws.readout(length, _time_major(C, s, e), _time_major(x, s, e), D)  # (L, Bt, E)
             if z is not None:
                 y_c.mul_(F.silu(_time_major(z, s, e)))
@@ -267,7 +288,7 @@ class _SelectiveScanFn(torch.autograd.Function):
             ws.h[0] = ws.h[length]
         final = ws.h[0].transpose(1, 2).contiguous()  # (Bt, E, N)
         if save_starts:
-            ctx.save_for_backward(x, delta, A, B, C, D, z, starts)
+            ctx.save_for_backward(x, delta, A, B, C, D, z, keep, starts)
             ctx.chunk = chunk
         return y, final
 
@@ -282,7 +303,7 @@ class _SelectiveScanFn(torch.autograd.Function):
         reaching Δ_t·A): dΔ_t = Σ_n w·A + x_t·Σ_n g·B_t, dx_t = Δ_t·Σ_n g·B_t (+ D·dp_t),
         dB_t = Σ_e g·Δ_t·x_t, dC_t = Σ_e gy_t·h_t, dA = Σ_{t,b} w·Δ_t, dh0 = Ā_0·g_0.
         """
-        x, delta, A, B, C, D, z, starts = ctx.saved_tensors
+        x, delta, A, B, C, D, z, keep, starts = ctx.saved_tensors
         chunk = ctx.chunk
         seq_len, state_size = x.shape[1], A.shape[1]
         A_t = A.t().contiguous()  # (N, E)
@@ -302,7 +323,7 @@ class _SelectiveScanFn(torch.autograd.Function):
             d_c, du_c, x_c = _time_major(delta, s, e), _time_major(du, s, e), _time_major(x, s, e)  # (L, Bt, E)
             b_c, c_c = _time_major(B, s, e), _time_major(C, s, e)  # (L, Bt, N)
             ws.h[0] = starts[k]
-            ws.states(length, d_c, du_c, A2_t, b_c)
+            ws.states(length, d_c, du_c, A2_t, b_c, None if keep is None else keep[:, s:e].t())
             gy_c = _time_major(grad_out, s, e)  # (L, Bt, E): dL/dy
             if z is not None:  # through the gate: gy_c becomes dL/dp
                 z_c = _time_major(z, s, e)
@@ -331,7 +352,7 @@ class _SelectiveScanFn(torch.autograd.Function):
             g_d = torch.mul(w, A_t, out=a).sum(2).addcmul_(g_b, x_c)  # (L, Bt, E): Σ_n w·A + x·Σ_n g·B
             _time_major(gdelta, s, e).copy_(g_d)
             gA_t += w.mul_(d_c.unsqueeze(2)).sum((0, 1))  # (N, E): Σ w·Δ
-        return gx, gdelta, gA_t.t(), gB, gC, gD, gz, carry.transpose(1, 2), None, None
+        return gx, gdelta, gA_t.t(), gB, gC, gD, gz, carry.transpose(1, 2), None, None, None
 
 
 @float32_math
@@ -346,6 +367,7 @@ def selective_scan(
     initial_state: torch.Tensor | None = None,
     return_final_state: bool = False,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    resets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Selective scan (Mamba §3.2 Algorithm 2, SeRpEnt Eqs. 2 and 8), fast and memory-lean, with gradients.
 
@@ -357,6 +379,9 @@ def selective_scan(
         return_final_state: also return h_{T-1}, so a sequence scanned in two pieces (the second from
             the first's final state) equals the sequence scanned whole.
         chunk_size: time steps per chunk (any T works; the last chunk may be shorter).
+        resets: (Bt, T) bool or None: where True, the state restarts from zero before step t, as at a
+            sequence start (a document start in a packed row): ``h_t = (1 − r_t)·Ā_t·h_{t-1} + B̄_t x_t``.
+            A reset at t = 0 discards ``initial_state``. Same cost as without.
 
     Returns:
         ``(y, final_state)`` (the uniform signature of ssmhub's recurrence ops): y (Bt, T, E) in x's dtype;
@@ -384,7 +409,7 @@ def selective_scan(
     (see the module docstring). Here every exponent is ``Δ·A ≤ 0``, so any Δ ≥ 0 and A ≤ 0 are safe.
     Double backward is not supported.
     """
-    batch, _, channels, state_size = _check_inputs(x, delta, A, B, C, D, z, initial_state)
+    batch, _, channels, state_size = _check_inputs(x, delta, A, B, C, D, z, initial_state, resets)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
     dtype = _compute_dtype(x, delta, A, B, C, D, z, initial_state)
@@ -393,5 +418,5 @@ def selective_scan(
     D_c, z_c = (None if D is None else D.to(dtype)), (None if z is None else z.to(dtype))
     inputs = (xc, delta.to(dtype), A.to(dtype), B.to(dtype), C.to(dtype), D_c, z_c, h0)
     save = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
-    y, final = _SelectiveScanFn.apply(*inputs, chunk_size, save)  # (Bt, T, E), (Bt, E, N)
+    y, final = _SelectiveScanFn.apply(*inputs, _keep_factor(resets, dtype), chunk_size, save)  # (Bt, T, E), (Bt, E, N)
     return y.to(x.dtype), (final if return_final_state else None)

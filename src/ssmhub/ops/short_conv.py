@@ -11,63 +11,91 @@ is ``F.conv1d`` with ``groups = E`` on the transposed input (the oracle in the t
 shifted multiply-adds on (B, T, E) tensors: the projections around it produce and consume (B, T, E), and
 going through ``conv1d``'s (B, E, T) layout costs two transposed copies per direction plus strided
 elementwise ops on everything downstream (benchmarks/results/selective_scan.md, "Kernel choices").
+
+Packed rows (several documents back to back, ``starts`` (B, T) bool): no tap crosses a document start, as
+if every document ran alone from zeros: the tap ``j`` (lag ``ℓ = k − 1 − j``) of output t is kept only if
+the input it meets, ``t − ℓ``, is in t's document (:func:`tap_reach`). The oracle is the convolution of each
+document alone (tests/ops/test_short_conv.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["causal_depthwise_conv", "conv_window"]
+__all__ = ["causal_depthwise_conv", "conv_window", "tap_reach"]
+
+
+def tap_reach(starts: torch.Tensor, taps: int, dtype: torch.dtype) -> torch.Tensor:
+    """Which lags reach inside the document: starts (B, T) bool -> (B, T, k − 1) in dtype, entry ``ℓ − 1`` is 1
+    where lag ℓ (the input ℓ steps back, history included) lies in the same document as t, i.e. no start in
+    (t − ℓ, t]; positions before a row's first start continue the history (every lag reaches)."""
+    _batch, seq_len = starts.shape
+    index = torch.arange(seq_len, device=starts.device)  # (T,)
+    last_start = torch.where(starts, index, -1).cummax(dim=1).values  # (B, T): the latest start ≤ t, or −1
+    since = torch.where(last_start >= 0, index - last_start, seq_len + taps)  # (B, T): t − its document's start
+    lags = torch.arange(1, taps, device=starts.device)  # (k − 1,)
+    return (lags <= since.unsqueeze(-1)).to(dtype)  # (B, T, k − 1)
+
+
+def _reached(t: torch.Tensor, reach: torch.Tensor | None, lag: int) -> torch.Tensor:
+    """t (B, T, E) times the (B, T, 1) reach of ``lag`` ≥ 1 (t itself when there is no document start)."""
+    return t if reach is None else t * reach[:, :, lag - 1 : lag]
 
 
 class _CausalDepthwiseConvFn(torch.autograd.Function):
-    """y = bias + Σ_j w[:, j]·x̃[:, j : j + T] on x̃ = [history ; x] (B, k − 1 + T, E); w (E, k)."""
+    """y = bias + Σ_j w[:, j]·x̃[:, j : j + T]·reach_{k−1−j} on x̃ = [history ; x] (B, k − 1 + T, E); w (E, k);
+    reach (B, T, k − 1) or None (every tap reaches, see :func:`tap_reach`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, history):
+    def forward(ctx, x, weight, bias, history, reach):
         taps = weight.shape[1]
         seq_len = x.shape[1]
         padded = torch.cat([history, x], dim=1)  # (B, k − 1 + T, E)
         w_t = weight.t()  # (k, E): row j is tap j of every channel
-        y = torch.mul(padded[:, taps - 1 :], w_t[taps - 1])  # (B, T, E): the newest tap
+        y = torch.mul(padded[:, taps - 1 :], w_t[taps - 1])  # (B, T, E): the newest tap (lag 0 always reaches)
         if bias is not None:
             y += bias
         for j in range(taps - 1):
-            y.addcmul_(padded[:, j : j + seq_len], w_t[j])
-        ctx.save_for_backward(padded, weight)
+            y.addcmul_(_reached(padded[:, j : j + seq_len], reach, taps - 1 - j), w_t[j])
+        ctx.save_for_backward(padded, weight, reach)
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y):
-        """dL/dx̃[:, s] = Σ_j w[:, j]·dL/dy[:, s − j];  dL/dw[:, j] = Σ_{b,t} dL/dy[:, t]·x̃[:, t + j];
-        dL/dbias = Σ_{b,t} dL/dy[:, t]."""
-        padded, weight = ctx.saved_tensors
+        """dL/dx̃[:, s] = Σ_j w[:, j]·g_j[:, s − j];  dL/dw[:, j] = Σ_{b,t} g_j[:, t]·x̃[:, t + j];
+        dL/dbias = Σ_{b,t} dL/dy[:, t], with ``g_j = dL/dy·reach_{k−1−j}`` (dL/dy where nothing is cut)."""
+        padded, weight, reach = ctx.saved_tensors
         taps, seq_len = weight.shape[1], grad_y.shape[1]
         grad_y = grad_y.contiguous()  # (B, T, E)
+        grads = [grad_y] + [_reached(grad_y, reach, lag) for lag in range(1, taps)]  # by lag: g_{k−1−lag}
         w_t = weight.t()  # (k, E)
         scratch = torch.empty_like(grad_y)  # (B, T, E), reused by every tap
         grad_weight = torch.empty_like(weight)  # (E, k)
         for j in range(taps):
-            torch.mul(grad_y, padded[:, j : j + seq_len], out=scratch)  # the inputs tap j met, times dL/dy
+            torch.mul(grads[taps - 1 - j], padded[:, j : j + seq_len], out=scratch)  # the inputs tap j met, × g_j
             grad_weight[:, j] = scratch.sum((0, 1))
         grad_bias = grad_y.sum((0, 1)) if ctx.has_bias else None
         grad_x = torch.mul(grad_y, w_t[taps - 1])  # (B, T, E): x[:, t] meets y[:, t + s] through tap k − 1 − s
         for shift in range(1, min(taps, seq_len + 1)):
             if shift < seq_len:
-                grad_x[:, : seq_len - shift].addcmul_(grad_y[:, shift:], w_t[taps - 1 - shift])
+                grad_x[:, : seq_len - shift].addcmul_(grads[shift][:, shift:], w_t[taps - 1 - shift])
         grad_history = None
         if ctx.needs_input_grad[3]:  # x̃[:, i] = history[:, i] meets y[:, t] through tap i − t (t ≤ i)
             grad_history = torch.zeros_like(padded[:, : taps - 1])  # (B, k − 1, E)
             for i in range(taps - 1):
                 for t in range(min(seq_len, i + 1)):
-                    grad_history[:, i].addcmul_(grad_y[:, t], w_t[i - t])
-        return grad_x, grad_weight, grad_bias, grad_history
+                    grad_history[:, i].addcmul_(grads[taps - 1 - (i - t)][:, t], w_t[i - t])
+        return grad_x, grad_weight, grad_bias, grad_history, None
 
 
 def causal_depthwise_conv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, history: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    history: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal depthwise convolution of ``x`` (B, T, E) with ``weight`` (E, k) and optional ``bias`` (E,).
 
@@ -75,7 +103,9 @@ def causal_depthwise_conv(
     start). Returns y (B, T, E) in x's dtype with ``y[:, t] = bias + Σ_j weight[:, j]·x̃[:, t + j]`` on
     ``x̃ = [history ; x]``: tap k − 1 multiplies the current input, tap 0 the input k − 1 steps back, as
     ``torch.nn.Conv1d(E, E, k, groups=E)`` applied to ``x̃`` transposed to (B, E, ·). Differentiable in
-    x, weight, bias and history.
+    x, weight, bias and history. ``starts`` (B, T) bool or None: document starts of a packed row; no tap
+    crosses one (each document is convolved as if alone from zeros; the history only reaches positions
+    before a row's first start).
     """
     if x.dim() != 3:
         raise ValueError(f"x must have shape (B, T, E); got {tuple(x.shape)}")
@@ -90,15 +120,29 @@ def causal_depthwise_conv(
     elif tuple(history.shape) != (batch, taps - 1, channels):
         expected = (batch, taps - 1, channels)
         raise ValueError(f"history must have shape (B, k − 1, E) = {expected}; got {tuple(history.shape)}")
+    if starts is not None and (starts.dtype != torch.bool or starts.shape != x.shape[:2]):
+        raise ValueError(
+            f"starts must be a bool tensor of shape (B, T) = {tuple(x.shape[:2])}; got {starts.dtype} "
+            f"{tuple(starts.shape)}"
+        )
     dtype = x.dtype
     weight = weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
-    return _CausalDepthwiseConvFn.apply(x, weight, bias, history.to(dtype))
+    reach = None if starts is None or taps == 1 else tap_reach(starts, taps, dtype)  # (B, T, k − 1)
+    return _CausalDepthwiseConvFn.apply(x, weight, bias, history.to(dtype), reach)
 
 
-def conv_window(history: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def conv_window(history: torch.Tensor, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
     """The last k − 1 inputs of ``[history ; x]`` along time: the window a causal k-tap convolution continues
-    from after ``x``. history (B, k − 1, E), oldest first; x (B, T, E) -> (B, k − 1, E)."""
+    from after ``x``. history (B, k − 1, E), oldest first; x (B, T, E) -> (B, k − 1, E). ``starts`` (B, T) bool
+    or None: inputs before a row's last document start are zeros in its window (the last document's own)."""
     keep = history.shape[1]
-    stream = torch.cat([history, x[:, max(0, x.shape[1] - keep) :]], dim=1)  # (B, k − 1 + min(T, k − 1), E)
-    return stream[:, stream.shape[1] - keep :]
+    tail = min(x.shape[1], keep)
+    stream = torch.cat([history, x[:, x.shape[1] - tail :]], dim=1)  # (B, k − 1 + min(T, k − 1), E)
+    window = stream[:, stream.shape[1] - keep :]  # (B, k − 1, E)
+    if starts is None or keep == 0:
+        return window
+    index = torch.arange(x.shape[1], device=x.device)
+    last_start = torch.where(starts, index, -1).amax(dim=1)  # (B,): −1 where the row has no start
+    position = torch.arange(x.shape[1] - keep, x.shape[1], device=x.device)  # (k − 1,): < 0 is the history
+    return window * (position >= last_start[:, None]).unsqueeze(-1).to(window.dtype)
