@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from ssmhub.metrics.functional import accuracy_counts, last_token_accuracy, perplexity, top_k_hit_counts, top_k_ids
+from ssmhub.metrics.functional import (
+    accuracy_counts,
+    last_token_accuracy,
+    perplexity,
+    token_nll,
+    top_k_hit_counts,
+    top_k_ids,
+)
 
 
 def test_perplexity_from_summed_nll():
@@ -44,3 +51,9 @@ def test_last_token_accuracy_uses_each_rows_last_label():
     assert last_token_accuracy(predictions, labels) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="predictions and labels"):
         last_token_accuracy(predictions[:, :2], labels)
+
+
+def test_token_nll_by_hand_and_ignored_targets():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]))
+    nll = token_nll(logits, torch.tensor([1, -100]))
+    torch.testing.assert_close(nll, torch.tensor([math.log(4.0), 0.0]))

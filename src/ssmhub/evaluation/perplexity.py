@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..metrics.functional import perplexity, top_k_hit_counts, top_k_ids
+from ..metrics.functional import perplexity, token_nll, top_k_hit_counts, top_k_ids
 
 __all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows"]
 
@@ -137,8 +137,7 @@ def _score_batch(model, ids: torch.Tensor, batch: list[tuple[int, int, int]], re
     for row, (begin, end, first_scored) in enumerate(batch):
         scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset].float()  # (T, V)
         targets = ids[first_scored:end].to(device)  # (T,)
-        log_probs = torch.log_softmax(scored_logits, dim=-1)
-        result.total_nll -= log_probs.gather(-1, targets[:, None]).double().sum().item()
+        result.total_nll += token_nll(scored_logits, targets).double().sum().item()
         hits = top_k_hit_counts(top_k_ids(scored_logits, 5), targets, ks=(1, 5))  # the ids are (T, 5)
         result.num_top1 += hits[1]
         result.num_top5 += hits[5]

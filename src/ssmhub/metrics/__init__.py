@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .functional import accuracy_counts, last_token_accuracy, perplexity, top_k_hit_counts, top_k_ids
+from .functional import accuracy_counts, last_token_accuracy, perplexity, token_nll, top_k_hit_counts, top_k_ids
 
 __all__ = [
     "METRIC_NAMES",
@@ -20,6 +20,7 @@ __all__ = [
     "load_metric",
     "metric_path",
     "perplexity",
+    "token_nll",
     "top_k_hit_counts",
     "top_k_ids",
 ]

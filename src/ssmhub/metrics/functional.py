@@ -18,6 +18,7 @@ __all__ = [
     "accuracy_counts",
     "last_token_accuracy",
     "perplexity",
+    "token_nll",
     "top_k_hit_counts",
     "top_k_ids",
 ]
@@ -31,6 +32,15 @@ def perplexity(total_nll: float, count: int | None) -> float | None:
     if count < 0:
         raise ValueError(f"count must be >= 0; got {count}")
     return math.exp(total_nll / count) if count else math.nan
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood (nats) of each target under its logits, the log-softmax taken in float32:
+    ``(..., V), (...) -> (...)``; 0 where the target is :data:`IGNORE_INDEX`. Sum it for perplexity."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    scored = targets != IGNORE_INDEX
+    picked = log_probs.gather(-1, torch.where(scored, targets, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.where(scored, -picked, 0.0)
 
 
 def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
