@@ -51,13 +51,19 @@ class CausalLMMetrics:
 
 
 class ClassificationMetrics:
-    """``compute_metrics`` of a classifier: the argmax of the logits scored by an ssmhub ``evaluate`` module
-    (default ``listops_accuracy``; with config ``"subtrees"``, per-token tags with -100 skipped)."""
+    """``compute_metrics`` of a classifier: the argmax of the logits scored by an ``evaluate`` module, ssmhub's
+    by name (default ``listops_accuracy``; config ``"subtrees"``: per-token tags, -100 skipped) or any other
+    that takes ``predictions`` and ``references``."""
 
     def __init__(self, name: str = "listops_accuracy", config_name: str | None = None):
-        from . import load_metric
+        from . import METRIC_NAMES, load_metric
 
-        self.metric = load_metric(name, config_name)
+        if name in METRIC_NAMES:
+            self.metric = load_metric(name, config_name)
+        else:  # any module evaluate.load finds: a local path, or a Hub name (then it needs the network)
+            import evaluate
+
+            self.metric = evaluate.load(name, config_name)
         self.per_token = config_name == "subtrees"
 
     def __call__(self, eval_prediction) -> dict[str, float]:
