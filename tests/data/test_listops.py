@@ -175,3 +175,10 @@ def test_listops_tokenizer_reads_both_forms():
     ids = tokenizer("[MAX 2 9 ]")["input_ids"]
     assert ids == tokenizer("( ( ( [MAX 2 ) 9 ) ] )")["input_ids"]
     assert tokenizer.convert_ids_to_tokens(ids) == ["[MAX", "2", "9", "]"]
+
+
+def test_duplicates_are_dropped_until_every_expression_is_drawn():
+    """Depth 2, two arguments, length 4: exactly the 4 x 10 x 10 expressions ``[OP a b ]``, all of them."""
+    spec = ListOpsSpec(max_depth=2, max_args=2, min_length=3, max_length=5)
+    texts = [example["text"] for example in generate_listops(400, spec, seed=0)]
+    assert len(texts) == len(set(texts)) == 400

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from example_helpers import load_example
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 COMMON = ["--do_train", "--do_eval", "--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none"]
 
@@ -32,15 +34,20 @@ def test_trains_a_new_model_and_reports_perplexity_from_summed_nll(tmp_path, tin
 
 
 def test_packing_scores_every_document_apart(tmp_path, tiny_corpus):
-    metrics = _run(tmp_path, tiny_corpus, "--packing", "--config_overrides", "hidden_size=16,num_hidden_layers=1")
-    from transformers import AutoTokenizer
-
+    """Packed rows (and evaluation batches of unequal lengths) give the summed NLL of each document alone."""
+    metrics = _run(
+        tmp_path, tiny_corpus, "--packing", "--per_device_eval_batch_size", "3",
+        "--config_overrides", "hidden_size=16,num_hidden_layers=1",
+    )  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(tiny_corpus["tokenizer"])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     lines = tiny_corpus["validation"].read_text(encoding="utf-8").splitlines()
-    # a document (a piece of at most 16 tokens) predicts all its tokens but its first: none sees another's tokens
-    lengths = [len(tokenizer(line)["input_ids"]) for line in lines]
-    pieces = [min(16, length - start) for length in lengths for start in range(0, length, 16)]
-    assert metrics["eval_num_tokens"] == sum(piece - 1 for piece in pieces)
+    ids = [tokenizer(line)["input_ids"] for line in lines]
+    pieces = [torch.tensor([doc[start : start + 16]]) for doc in ids for start in range(0, len(doc), 16)]
+    with torch.no_grad():
+        alone = sum(model(piece, labels=piece).loss.item() * (piece.shape[1] - 1) for piece in pieces)
+    assert metrics["eval_num_tokens"] == sum(piece.shape[1] - 1 for piece in pieces)
+    assert metrics["eval_nll_per_token"] * metrics["eval_num_tokens"] == pytest.approx(alone, rel=1e-4)
     assert math.isfinite(metrics["eval_token_perplexity"])
 
 
