@@ -43,8 +43,9 @@ def _token_cache_in_tmp(tmp_path_factory):
 
 @pytest.fixture(autouse=True, scope="session")
 def _hugging_face_caches_in_tmp(tmp_path_factory):
-    """``evaluate``'s module copies and ``datasets``' files go to a temporary folder, never ~/.cache (both read
-    these variables when first imported, which tests of the metrics and examples do inside a test)."""
+    """``evaluate``'s module copies go to a temporary folder, never ~/.cache: it reads these variables when first
+    imported, inside a test. ``datasets`` is imported while tests are collected, so a test that loads files
+    through it passes its own ``cache_dir``."""
     names = ("HF_MODULES_CACHE", "HF_EVALUATE_CACHE", "HF_DATASETS_CACHE")
     previous = {name: os.environ.get(name) for name in names}
     root = tmp_path_factory.mktemp("hf-cache")

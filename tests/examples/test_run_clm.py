@@ -17,7 +17,7 @@ def _run(tmp_path, tiny_corpus, *extra):
     run_clm = load_example("language-modeling/run_clm.py")
     argv = ["--output_dir", str(tmp_path / "out"), "--train_file", str(tiny_corpus["train"]),
             "--validation_file", str(tiny_corpus["validation"]), "--tokenizer_name", str(tiny_corpus["tokenizer"]),
-            "--block_size", "16", *COMMON, *extra]  # fmt: skip
+            "--block_size", "16", "--cache_dir", str(tmp_path / "cache"), *COMMON, *extra]  # fmt: skip
     return run_clm.main(argv)
 
 

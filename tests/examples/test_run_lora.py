@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 def _run(tmp_path, tiny_lm, tiny_corpus, *extra):
     argv = ["--model_name_or_path", str(tiny_lm), "--output_dir", str(tmp_path / "lora"), "--do_train",
             "--train_file", str(tiny_corpus["train"]), "--block_size", "16", "--max_steps", "3",
-            "--learning_rate", "0.05", "--per_device_train_batch_size", "4", "--report_to", "none", *extra]  # fmt: skip
+            "--cache_dir", str(tmp_path / "cache"), "--learning_rate", "0.05",
+            "--per_device_train_batch_size", "4", "--report_to", "none", *extra]  # fmt: skip
     return load_example("peft/run_lora.py").main(argv)
 
 
