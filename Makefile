@@ -22,7 +22,7 @@ demo: venv
 	$(PY) -m ssmhub.demo
 
 lint: venv
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
 
 test: lint
 	$(PY) -m pytest -q

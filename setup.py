@@ -30,6 +30,7 @@ setup(
             "pytest-timeout",
             "ruff>=0.6",
             "tensorboard",
+            "peft>=0.17",  # examples/peft (LoRA); depends on torch, which the Makefile installs first (CPU wheel)
             # the fused FlashButterfly kernel (ssmhub.ops.triton), tested on CPU under TRITON_INTERPRET=1;
             # the wheel depends on nothing else, so it never pulls a CUDA torch
             "triton>=3.5; sys_platform == 'linux'",

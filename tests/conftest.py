@@ -39,3 +39,20 @@ def _token_cache_in_tmp(tmp_path_factory):
         os.environ.pop(CACHE_DIR_ENV, None)
     else:
         os.environ[CACHE_DIR_ENV] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _hugging_face_caches_in_tmp(tmp_path_factory):
+    """``evaluate``'s module copies go to a temporary folder, never ~/.cache: it reads these variables when first
+    imported, inside a test. ``datasets`` is imported while tests are collected, so a test that loads files
+    through it passes its own ``cache_dir``."""
+    names = ("HF_MODULES_CACHE", "HF_EVALUATE_CACHE", "HF_DATASETS_CACHE")
+    previous = {name: os.environ.get(name) for name in names}
+    root = tmp_path_factory.mktemp("hf-cache")
+    os.environ.update({name: str(root / name.lower()) for name in names})
+    yield
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

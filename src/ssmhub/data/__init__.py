@@ -4,6 +4,7 @@ A loader reads the official file layout from ``data_dir`` or ``$SSMHUB_DATA_DIR`
 and downloads through ``datasets.load_dataset`` otherwise.
 """
 
+from .listops import LISTOPS, LISTOPS_SUBTREES, ListOpsSpec, generate_listops, listops_splits, listops_value
 from .pg19 import (
     PG19_HUB_DATASET,
     PG19_SPLITS,
@@ -50,11 +51,14 @@ __all__ = [
     "DATA_DIR_ENV",
     "HUB_DATASET",
     "IGNORE_INDEX",
+    "LISTOPS",
+    "LISTOPS_SUBTREES",
     "PG19_HUB_DATASET",
     "PG19_SPLITS",
     "TASK_NAMES",
     "WIKITEXT_VARIANTS",
     "CorpusSource",
+    "ListOpsSpec",
     "PG19Book",
     "PackedWindows",
     "RegularTask",
@@ -64,9 +68,12 @@ __all__ = [
     "cached_token_windows",
     "files_fingerprint",
     "fixed_test_set",
+    "generate_listops",
     "get_task",
     "iter_pg19_books",
     "last_supervised_label",
+    "listops_splits",
+    "listops_value",
     "load_wikitext",
     "pack_token_windows",
     "packed_position_ids",

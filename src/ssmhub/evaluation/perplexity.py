@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..metrics.functional import perplexity, token_nll, top_k_hit_counts, top_k_ids
+
 __all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows"]
 
 
@@ -59,14 +61,12 @@ class PerplexityResult:
     @property
     def token_perplexity(self) -> float:
         """``exp(total_nll / num_tokens)``."""
-        return math.exp(self.nll_per_token) if self.num_tokens else math.nan
+        return perplexity(self.total_nll, self.num_tokens)
 
     @property
     def word_perplexity(self) -> float | None:
         """``exp(total_nll / num_words)``, or None when no word count was given."""
-        if not self.num_words:
-            return None
-        return math.exp(self.total_nll / self.num_words)
+        return perplexity(self.total_nll, self.num_words) if self.num_words else None
 
     @property
     def top1_accuracy(self) -> float:
@@ -137,12 +137,10 @@ def _score_batch(model, ids: torch.Tensor, batch: list[tuple[int, int, int]], re
     for row, (begin, end, first_scored) in enumerate(batch):
         scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset].float()  # (T, V)
         targets = ids[first_scored:end].to(device)  # (T,)
-        log_probs = torch.log_softmax(scored_logits, dim=-1)
-        result.total_nll -= log_probs.gather(-1, targets[:, None]).double().sum().item()
-        top = scored_logits.topk(min(5, scored_logits.shape[-1]), dim=-1).indices  # (T, k)
-        hits = top == targets[:, None]
-        result.num_top1 += int(hits[:, 0].sum())
-        result.num_top5 += int(hits.any(dim=-1).sum())
+        result.total_nll += token_nll(scored_logits, targets).double().sum().item()
+        hits = top_k_hit_counts(top_k_ids(scored_logits, 5), targets, ks=(1, 5))  # the ids are (T, 5)
+        result.num_top1 += hits[1]
+        result.num_top5 += hits[5]
         result.num_tokens += end - first_scored
 
 

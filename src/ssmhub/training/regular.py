@@ -44,8 +44,9 @@ from typing import Any
 import torch
 
 from ..command_line import CommandLineParser, json_object
-from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task, last_supervised_position
+from ..data.regular import IGNORE_INDEX, TASK_NAMES, fixed_test_set, get_task
 from ..fileio import write_json_atomic
+from ..metrics.functional import last_token_accuracy  # the metric's one implementation; imported from here too
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from ..preflight import check_model_config_keys, check_output_file, make_model_config, model_config_class
 from .run_state import load_run_state, restore_run_state, save_run_state
@@ -184,14 +185,6 @@ def _predictions(model, input_ids: torch.Tensor, batch_size: int = 250) -> torch
     )
     model.train(was_training)
     return out
-
-
-def last_token_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> float:
-    """Accuracy at each row's last supervised position (the full-sequence answer)."""
-    last = last_supervised_position(labels)
-    picked = predictions.gather(1, last[:, None])[:, 0]
-    answers = labels.gather(1, last[:, None])[:, 0]
-    return (picked == answers).float().mean().item()
 
 
 def length_buckets(length: int) -> list[tuple[int, int]]:

@@ -1,0 +1,57 @@
+"""examples/text-classification/run_classification.py: ListOps (and ListOps-SubTrees) generated offline, or a
+user's CSV, through Trainer, DataCollatorWithPadding and ssmhub's listops_accuracy evaluate module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from example_helpers import load_example
+from transformers import AutoModelForSequenceClassification
+
+from ssmhub.data.listops import ListOpsSpec, listops_splits
+from ssmhub.data.listops_hf import listops_tokenizer
+
+SMALL = ["--listops_min_length", "10", "--listops_max_length", "40", "--listops_num_train", "16",
+         "--listops_num_validation", "8", "--listops_num_test", "8", "--max_steps", "2", "--report_to", "none",
+         "--per_device_train_batch_size", "8", "--config_overrides", "hidden_size=16,num_hidden_layers=1"]  # fmt: skip
+
+
+def _run(tmp_path, *extra):
+    return load_example("text-classification/run_classification.py").main(
+        ["--output_dir", str(tmp_path / "out"), "--do_train", "--do_eval", *SMALL, *extra]
+    )
+
+
+def test_listops_accuracy_is_the_saved_models_accuracy_on_the_test_split(tmp_path):
+    metrics = _run(tmp_path)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    assert model.config.num_labels == 10
+    spec = ListOpsSpec(min_length=10, max_length=40, num_train=16, num_validation=8, num_test=8)
+    test = listops_splits(spec, seed=0)["test"]
+    tokenizer = listops_tokenizer()
+    with torch.no_grad():
+        predicted = [model(**tokenizer(row["text"], return_tensors="pt")).logits.argmax(-1).item() for row in test]
+    assert metrics["test_accuracy"] == pytest.approx(sum(p == row["label"] for p, row in zip(predicted, test)) / 8)
+
+
+def test_listops_subtrees_trains_a_token_classifier(tmp_path):
+    metrics = _run(tmp_path, "--listops_subtrees", "--model_type", "h3")
+    assert 0 <= metrics["eval_accuracy"] <= 1 and "test_accuracy" in metrics
+    assert "ForTokenClassification" in (tmp_path / "out" / "config.json").read_text()
+
+
+def test_users_csv_with_its_own_columns(tmp_path, tiny_corpus):
+    rows = ["sentence,sentiment", *(f"{'the cat sat' if i % 2 else 'the dog ran far'},{i % 2}" for i in range(12))]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    metrics = _run(
+        tmp_path, "--train_file", str(tmp_path / "train.csv"), "--validation_file", str(tmp_path / "train.csv"),
+        "--text_column", "sentence", "--label_column", "sentiment", "--tokenizer_name", str(tiny_corpus["tokenizer"]),
+        "--cache_dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert 0 <= metrics["eval_accuracy"] <= 1
+
+
+def test_missing_column_is_refused_by_flag(tmp_path):
+    (tmp_path / "train.csv").write_text("text,y\nthe cat,1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="--label_column"):
+        _run(tmp_path, "--train_file", str(tmp_path / "train.csv"), "--cache_dir", str(tmp_path / "cache"))
