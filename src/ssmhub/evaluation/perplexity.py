@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows"]
+__all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows", "token_scores"]
 
 
 @dataclass
@@ -75,6 +75,13 @@ class PerplexityResult:
     @property
     def top5_accuracy(self) -> float:
         return self.num_top5 / self.num_tokens if self.num_tokens else math.nan
+
+    def add_scores(self, nll: torch.Tensor, top1: torch.Tensor, top5: torch.Tensor) -> None:
+        """Add the per-token scores of :func:`token_scores` (float64 NLL, bool hits) to the sums."""
+        self.total_nll += nll.sum().item()
+        self.num_tokens += nll.numel()
+        self.num_top1 += int(top1.sum())
+        self.num_top5 += int(top5.sum())
 
     def to_dict(self) -> dict:
         """The sums and the derived metrics, JSON-ready."""
@@ -135,15 +142,17 @@ def _score_batch(model, ids: torch.Tensor, batch: list[tuple[int, int, int]], re
     logits = model(input_ids=input_ids, use_cache=False, **kwargs).logits
     offset = length - logits.shape[1]  # position of logits[:, 0] in the window
     for row, (begin, end, first_scored) in enumerate(batch):
-        scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset].float()  # (T, V)
-        targets = ids[first_scored:end].to(device)  # (T,)
-        log_probs = torch.log_softmax(scored_logits, dim=-1)
-        result.total_nll -= log_probs.gather(-1, targets[:, None]).double().sum().item()
-        top = scored_logits.topk(min(5, scored_logits.shape[-1]), dim=-1).indices  # (T, k)
-        hits = top == targets[:, None]
-        result.num_top1 += int(hits[:, 0].sum())
-        result.num_top5 += int(hits.any(dim=-1).sum())
-        result.num_tokens += end - first_scored
+        scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset]  # (T, V)
+        result.add_scores(*token_scores(scored_logits, ids[first_scored:end].to(device)))
+
+
+def token_scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per scored token: its NLL in nats (float64, from a float32 log-softmax of ``logits``), whether it is the
+    argmax, and whether it is among the 5 most likely tokens. ``logits`` (T, V) predict ``targets`` (T,)."""
+    logits = logits.float()
+    nll = -torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0].double()  # (T,)
+    hits = logits.topk(min(5, logits.shape[-1]), dim=-1).indices == targets[:, None]  # (T, k)
+    return nll, hits[:, 0], hits.any(dim=-1)
 
 
 @torch.inference_mode()
