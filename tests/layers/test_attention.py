@@ -36,17 +36,19 @@ def _projections(attn, x):
     return [t.unflatten(-1, (HEADS, HIDDEN // HEADS)).transpose(1, 2) for t in (q, k, v)]
 
 
-def _naive_attention(attn, x, mask=None):
+def _naive_attention(attn, x, mask=None, window=None):
     """Softmax attention by its formula, in float64: per batch row and head, scores ``q_t·k_s / √d_h`` for the
-    keys s ≤ t that are real tokens (a query's own key always counts, so a padded query attends to itself),
-    softmax over those keys, the weighted sum of the values, the heads concatenated, the output Linear."""
+    keys s ≤ t that are real tokens (a query's own key always counts, so a padded query attends to itself) and,
+    with a ``window`` W, t − W < s; softmax over those keys, the weighted sum of the values, the heads
+    concatenated, the output Linear."""
     q, k, v = _projections(attn, x)
     batch, heads, length, head_dim = q.shape
     keep = torch.ones(batch, length, dtype=torch.bool) if mask is None else mask.bool()
+    reach = length if window is None else window
     rows = []
     for b in range(batch):
         allowed = torch.tensor(
-            [[s <= t and (bool(keep[b, s]) or s == t) for s in range(length)] for t in range(length)]
+            [[t - reach < s <= t and (bool(keep[b, s]) or s == t) for s in range(length)] for t in range(length)]
         )
         heads_out = []
         for h in range(heads):
@@ -132,3 +134,30 @@ def test_init_state_is_empty_and_bad_arguments_are_named():
         CausalSelfAttention(HIDDEN, num_attention_heads=3)
     with pytest.raises(ValueError, match="attention_dropout"):
         CausalSelfAttention(HIDDEN, num_attention_heads=HEADS, attention_dropout=1.0)
+
+
+@pytest.mark.parametrize("window", [1, 3, 5])
+def test_sliding_window_matches_its_formula_and_carries_only_w_minus_1_keys(window):
+    """``attention_window=W``: a query attends to its last W positions in the full forward, and a cached run
+    in uneven chunks (a left-padded prefill, steps, a chunk) gives the same outputs while its state never
+    holds more than W − 1 keys and values (memory flat in the context)."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(HIDDEN, num_attention_heads=HEADS, attention_window=window).eval()
+    x, mask = _inputs(length=12)
+    with torch.no_grad():
+        y_full, _ = attn(x, mask=mask)
+        state, outs = attn.init_state(2), []
+        for begin, end in [(0, 4), (4, 5), (5, 6), (6, 12)]:
+            y, state = attn(x[:, begin:end], mask=mask[:, begin:end], state=state, return_state=True)
+            assert state["key"].shape[2] == min(end, window - 1) == state["key_mask"].shape[1]
+            outs.append(y)
+    real = mask[..., None].bool()
+    scaled_close(y_full * real, _naive_attention(attn, x, mask, window) * real, 1e-5, "windowed vs naive")
+    scaled_close(torch.cat(outs, 1) * real, y_full * real, 1e-5, "windowed, cached in chunks")
+    if window < 12:  # the window changes the numbers once a sequence is longer than it
+        assert not torch.allclose(y_full[1], _naive_attention(attn, x, mask)[1].float(), atol=1e-4)
+
+
+def test_attention_window_is_checked():
+    with pytest.raises(ValueError, match=r"AttentionOptions\.attention_window must be an integer >= 1"):
+        CausalSelfAttention(HIDDEN, num_attention_heads=HEADS, attention_window=0)

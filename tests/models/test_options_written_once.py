@@ -35,7 +35,7 @@ def _bad_value(options_class, name):
         return "no-such-choice"
     if isinstance(value, list):
         return ["no-such-step"] if value and isinstance(value[0], str) else [2.0]
-    return -1 if isinstance(value, int) or name.endswith(("_rank", "_heads", "_modes", "_size")) else -1.0
+    return -1 if isinstance(value, int) or name.endswith(("_rank", "_heads", "_modes", "_size", "_window")) else -1.0
 
 
 # values past an upper bound or a relation, which the sign-flipped values above do not reach

@@ -1,10 +1,21 @@
-"""``ssmhub-eval``: sliding-window perplexity of a causal LM on WikiText or PG-19.
+"""``ssmhub-eval``: perplexity of a causal LM on WikiText or PG-19, by sliding windows or statefully.
 
 Example::
 
     ssmhub-eval runs/dlr-small --dataset pg19 --split validation --max_length 1024 --stride 512 \\
         --data_dir ../shared/data --output results.json
     ssmhub-eval runs/dlr-small/checkpoints/step-2000 --dataset wikitext-2   # a training checkpoint
+    ssmhub-eval runs/dlr-small --dataset pg19 --stateful --max_length 4096   # whole books, state carried
+
+Two protocols; the output (printed and ``scoring`` in the JSON) names the one that ran:
+
+- ``sliding_window`` (the default): windows of ``--max_length`` tokens advance by ``--stride``; a token sees at
+  most ``--max_length`` tokens of context (:mod:`ssmhub.evaluation.perplexity`). Any causal LM.
+- ``stateful`` (``--stateful``): each document runs start to end in windows of ``--max_length`` tokens that
+  carry the model's recurrent cache, so every token is conditioned on all of its document before it, at
+  memory flat in the document's length; perplexity is also reported by the token's position in its document
+  (:mod:`ssmhub.evaluation.stateful`). ssmhub's recurrent models only; a hybrid with attention layers needs a
+  sliding attention window, ``--attention_window W`` (its cache then keeps the last W − 1 keys and values).
 
 The model and tokenizer load with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` (after
 ``import ssmhub``, so ssmhub's families resolve), from a folder or a Hub id; a training checkpoint
@@ -52,6 +63,7 @@ from ..tokenization import encode_document
 from ..training.checkpoint import CheckpointError
 from ..training.checkpoint_model import checkpoint_tokenizer_dir, is_training_checkpoint, load_checkpoint_model
 from .perplexity import PerplexityResult, evaluate_perplexity, sliding_windows
+from .stateful import evaluate_perplexity_stateful
 
 __all__ = ["build_parser", "main", "run_evaluation", "write_json_atomic"]
 
@@ -72,7 +84,8 @@ def build_parser() -> CommandLineParser:
     """The options of ``ssmhub-eval`` (each flag also accepted with dashes, e.g. ``--max-length``)."""
     parser = CommandLineParser(
         prog="ssmhub-eval",
-        description="Sliding-window perplexity (token- and word-level) and top-1/top-5 accuracy of a causal LM.",
+        description="Perplexity (token- and word-level) and top-1/top-5 accuracy of a causal LM: sliding windows "
+        "(default) or --stateful (whole documents, recurrent state carried; by position in the document).",
     )
     parser.add_argument(
         "model",
@@ -86,7 +99,20 @@ def build_parser() -> CommandLineParser:
         "--stride",
         type=int,
         default=None,
-        help="how far a window advances, at most max_length (default max_length // 2)",
+        help="sliding windows: how far a window advances, at most max_length (default max_length // 2)",
+    )
+    parser.add_argument(
+        "--stateful",
+        action="store_true",
+        help="score each document start to end in windows of max_length that carry the recurrent state (every "
+        "token conditioned on its whole document before it); report perplexity by position in the document",
+    )
+    parser.add_argument(
+        "--attention_window",
+        type=int,
+        default=None,
+        help="models with attention layers (H3 hybrids): each token attends to its last W tokens and the cache "
+        "keeps W - 1 keys/values (needed with --stateful; default: the model's config)",
     )
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder or Hub id (default: the model's)")
     parser.add_argument(
@@ -99,7 +125,9 @@ def build_parser() -> CommandLineParser:
     parser.add_argument(
         "--stream", action="store_true", help="WikiText only: score the articles as one concatenated stream"
     )
-    parser.add_argument("--batch_size", type=int, default=1, help="windows per forward pass (default 1)")
+    parser.add_argument(
+        "--batch_size", type=int, default=1, help="sliding windows: windows per forward pass (default 1)"
+    )
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--output", default=None, help="write the results as JSON to this file")
     parser.add_argument("--progress", action="store_true", help="show a progress bar over documents")
@@ -177,6 +205,61 @@ def _check_model(args) -> None:
         args.tokenizer = args.model
 
 
+def _local_model_config(name: str):
+    """The config of a local model folder or training checkpoint, read without loading weights: an ssmhub
+    family's config object (its defaults filled in, e.g. H3's ``attention_layers``), for another model a
+    ``PretrainedConfig`` carrying only its ``model_type``; None for a Hub id."""
+    from transformers import PretrainedConfig
+
+    from ..models.auto import FAMILIES
+
+    folder = Path(name)
+    if not folder.is_dir():
+        return None
+    if is_training_checkpoint(folder):
+        run = json.loads((folder.absolute().parent.parent / "train_config.json").read_text(encoding="utf-8"))
+        model_type, fields = run.get("model_type", ""), run.get("model_config") or {}
+    else:
+        fields = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        model_type = fields.get("model_type", "")
+    if model_type not in FAMILIES:
+        config = PretrainedConfig()
+        config.model_type = model_type
+        return config
+    config_class = FAMILIES[model_type]["AutoConfig"]
+    known = {key: value for key, value in fields.items() if key in config_class().to_dict()}
+    return config_class(**known)
+
+
+def check_model_protocol(config, args) -> None:
+    """Raise ValueError when the model of ``config`` cannot run the chosen protocol: ``--stateful`` needs an
+    ssmhub model (a cache of fixed size; transformers' attention caches grow with the document) and, where it
+    has attention layers, a sliding attention window (``--attention_window`` or the config's);
+    ``--attention_window`` needs attention layers."""
+    from ..models.auto import FAMILIES
+
+    model_type = getattr(config, "model_type", "")
+    attention_layers = list(getattr(config, "attention_layers", None) or [])
+    if args.attention_window is not None and not attention_layers:
+        raise ValueError(
+            f"--attention_window is for ssmhub models with attention layers (H3's attention_layers); model "
+            f"{args.model} ({model_type}) has none: drop --attention_window"
+        )
+    if not args.stateful:
+        return
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"--stateful needs an ssmhub recurrent model ({', '.join(sorted(FAMILIES))}), whose cache has a fixed "
+            f"size; model {args.model} is a {model_type!r} model: evaluate it without --stateful (sliding windows)"
+        )
+    if attention_layers and args.attention_window is None and getattr(config, "attention_window", None) is None:
+        raise ValueError(
+            f"--stateful: model {args.model} has attention layers {attention_layers}, whose cache would keep every "
+            "key and value of a document; pass --attention_window W (each token attends to its last W tokens, "
+            "e.g. the training length) or evaluate without --stateful (sliding windows)"
+        )
+
+
 class _Documents:
     """The token ids of the documents to evaluate, produced lazily; counts their words as they go."""
 
@@ -235,13 +318,32 @@ def _prepare_data(args) -> tuple[Iterator[tuple[str, int]], str]:
     return _wikitext_texts(rows, args.max_documents, args.stream), source
 
 
+def _validate_stateful_options(args) -> None:
+    """Raise ValueError for options the stateful protocol has no use for (they would be silently ignored)."""
+    if args.stride is not None:
+        raise ValueError(
+            "--stride is for sliding windows; --stateful has none (each window starts where the last one ended, "
+            "carrying the state): drop --stride"
+        )
+    if args.batch_size != 1:
+        raise ValueError(
+            f"--batch_size {args.batch_size}: --stateful streams one document at a time (its windows run in order, "
+            "each continuing from the last); drop --batch_size"
+        )
+    if args.max_length < 1:
+        raise ValueError(f"--max_length must be positive (tokens per window); got {args.max_length}")
+
+
 def _validate(args) -> None:
     """Raise ValueError / FileNotFoundError for any bad argument (before data or model load); resolve
     ``args.stride``, ``args.device`` and ``args.tokenizer``."""
-    if args.stride is None:
-        args.stride = max(1, args.max_length // 2)
-    sliding_windows(0, args.max_length, args.stride)  # checks max_length >= 2 and 0 < stride <= max_length
-    for option in ("max_documents", "batch_size"):
+    if args.stateful:
+        _validate_stateful_options(args)
+    else:
+        if args.stride is None:
+            args.stride = max(1, args.max_length // 2)
+        sliding_windows(0, args.max_length, args.stride)  # checks max_length >= 2 and 0 < stride <= max_length
+    for option in ("max_documents", "batch_size", "attention_window"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ValueError(f"--{option} must be positive; got {value}")
@@ -250,6 +352,9 @@ def _validate(args) -> None:
     check_output_file(args.output, "--output")
     args.device = check_device(args.device, "--device")
     _check_model(args)
+    local_config = _local_model_config(args.model)
+    if local_config is not None:  # a Hub id's config is checked when it loads, before any scoring
+        check_model_protocol(local_config, args)
 
 
 def _load_model_and_tokenizer(args):
@@ -265,8 +370,9 @@ def _load_model_and_tokenizer(args):
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         if is_training_checkpoint(args.model):
-            return load_checkpoint_model(args.model, tokenizer).to(args.device), tokenizer
-        model, info = AutoModelForCausalLM.from_pretrained(args.model, output_loading_info=True)
+            model, info = load_checkpoint_model(args.model, tokenizer), {"missing_keys": []}
+        else:
+            model, info = AutoModelForCausalLM.from_pretrained(args.model, output_loading_info=True)
     except OSError as err:
         raise ValueError(f"model {args.model} / tokenizer {args.tokenizer} could not be loaded: {err}") from None
     if info["missing_keys"]:
@@ -274,34 +380,73 @@ def _load_model_and_tokenizer(args):
         raise ValueError(
             f"model {args.model} lacks weights a causal LM needs ({', '.join(missing[:3])}); they would be random"
         )
+    check_model_protocol(model.config, args)  # a Hub model's first check; a local one's again
+    if args.attention_window is not None:
+        model.set_attention_window(args.attention_window)
     return model.to(args.device), tokenizer
+
+
+def _fmt(value, pattern: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
+
+
+def _aligned(header: list[str], lines: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *lines)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *lines])
 
 
 def _format_table(rows: list[dict]) -> str:
     header = ["dataset", "split", "documents", "tokens", "token ppl", "word ppl", "top-1", "top-5"]
-
-    def fmt(value, pattern):
-        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else pattern.format(value)
-
     lines = [
         [
             r["dataset"],
             r["split"],
             str(r["num_documents"]),
             str(r["num_tokens"]),
-            fmt(r["token_perplexity"], "{:.3f}"),
-            fmt(r["word_perplexity"], "{:.3f}"),
-            fmt(r["top1_accuracy"], "{:.2%}"),
-            fmt(r["top5_accuracy"], "{:.2%}"),
+            _fmt(r["token_perplexity"], "{:.3f}"),
+            _fmt(r["word_perplexity"], "{:.3f}"),
+            _fmt(r["top1_accuracy"], "{:.2%}"),
+            _fmt(r["top5_accuracy"], "{:.2%}"),
         ]
         for r in rows
     ]
-    widths = [max(len(cell) for cell in column) for column in zip(header, *lines)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *lines])
+    return _aligned(header, lines)
+
+
+def _format_positions(buckets: list[dict]) -> str:
+    """The stateful protocol's table by position in the document."""
+    header = ["position in document", "documents", "tokens", "token ppl", "top-1", "top-5"]
+    lines = [
+        [
+            b["positions"],
+            str(b["num_documents"]),
+            str(b["num_tokens"]),
+            _fmt(b["token_perplexity"], "{:.3f}"),
+            _fmt(b["top1_accuracy"], "{:.2%}"),
+            _fmt(b["top5_accuracy"], "{:.2%}"),
+        ]
+        for b in buckets
+    ]
+    return _aligned(header, lines)
+
+
+def _protocol_line(args) -> str:
+    """One line naming the protocol that ran, and its windows."""
+    if args.stateful:
+        window = "" if args.attention_window is None else f", attention window {args.attention_window}"
+        return (
+            f"scoring: stateful (each document start to end in windows of {args.max_length} tokens, "
+            f"recurrent state carried: every token sees its whole document before it{window})"
+        )
+    return f"scoring: sliding_window (windows of {args.max_length} tokens, stride {args.stride})"
 
 
 def _json_safe(value):
-    """NaN -> None, so the file is strict JSON."""
+    """NaN -> None, in nested dicts and lists too, so the file is strict JSON."""
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
@@ -318,19 +463,29 @@ def run_evaluation(argv: Sequence[str] | None = None) -> dict:
         texts, source = _prepare_data(args)
         model, tokenizer = _load_model_and_tokenizer(args)
     documents = _Documents(texts, tokenizer)
-    result: PerplexityResult = evaluate_perplexity(
-        model, documents, args.max_length, args.stride, batch_size=args.batch_size, progress=args.progress
-    )
+    if args.stateful:
+        result: PerplexityResult = evaluate_perplexity_stateful(
+            model, documents, args.max_length, progress=args.progress
+        )
+    else:
+        result = evaluate_perplexity(
+            model, documents, args.max_length, args.stride, batch_size=args.batch_size, progress=args.progress
+        )
     result.num_words = documents.num_words
-    row = {"dataset": args.dataset, "split": args.split, **{k: _json_safe(v) for k, v in result.to_dict().items()}}
+    row = {"dataset": args.dataset, "split": args.split, **_json_safe(result.to_dict())}
+    print(_protocol_line(args))
     print(_format_table([row]))
+    if args.stateful:
+        print(_format_positions(row["by_position"]))
     payload = {
         "model": args.model,
         "tokenizer": args.tokenizer,
         "data_source": source,
+        "scoring": "stateful" if args.stateful else "sliding_window",
         "protocol": "stream" if args.stream else "document",
         "max_length": args.max_length,
         "stride": args.stride,
+        "attention_window": args.attention_window,
         "max_documents": args.max_documents,
         "command": ["ssmhub-eval", *(sys.argv[1:] if argv is None else argv)],
         "results": row,

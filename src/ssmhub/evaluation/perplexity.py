@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..metrics.functional import perplexity, token_nll, top_k_hit_counts, top_k_ids
+from ..metrics.functional import perplexity, token_nll, top_k_ids
 
-__all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows"]
+__all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows", "token_scores"]
 
 
 @dataclass
@@ -75,6 +75,13 @@ class PerplexityResult:
     @property
     def top5_accuracy(self) -> float:
         return self.num_top5 / self.num_tokens if self.num_tokens else math.nan
+
+    def add_scores(self, nll: torch.Tensor, top1: torch.Tensor, top5: torch.Tensor) -> None:
+        """Add the per-token scores of :func:`token_scores` (float64 NLL, bool hits) to the sums."""
+        self.total_nll += nll.sum().item()
+        self.num_tokens += nll.numel()
+        self.num_top1 += int(top1.sum())
+        self.num_top5 += int(top5.sum())
 
     def to_dict(self) -> dict:
         """The sums and the derived metrics, JSON-ready."""
@@ -135,13 +142,17 @@ def _score_batch(model, ids: torch.Tensor, batch: list[tuple[int, int, int]], re
     logits = model(input_ids=input_ids, use_cache=False, **kwargs).logits
     offset = length - logits.shape[1]  # position of logits[:, 0] in the window
     for row, (begin, end, first_scored) in enumerate(batch):
-        scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset].float()  # (T, V)
-        targets = ids[first_scored:end].to(device)  # (T,)
-        result.total_nll += token_nll(scored_logits, targets).double().sum().item()
-        hits = top_k_hit_counts(top_k_ids(scored_logits, 5), targets, ks=(1, 5))  # the ids are (T, 5)
-        result.num_top1 += hits[1]
-        result.num_top5 += hits[5]
-        result.num_tokens += end - first_scored
+        scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset]  # (T, V)
+        result.add_scores(*token_scores(scored_logits, ids[first_scored:end].to(device)))
+
+
+def token_scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per scored token: its NLL in nats (float64, from a float32 log-softmax of ``logits``), whether it is the
+    argmax, and whether it is among the 5 most likely tokens (the math of :mod:`ssmhub.metrics.functional`).
+    ``logits`` (T, V) predict ``targets`` (T,)."""
+    nll = token_nll(logits, targets).double()  # (T,)
+    hits = top_k_ids(logits, 5) == targets[:, None]  # (T, k)
+    return nll, hits[:, 0], hits.any(dim=-1)
 
 
 @torch.inference_mode()

@@ -10,6 +10,11 @@ use none), order comes from the recurrent layers around it. Padded keys (``mask 
 attended to, so left padding changes nothing for the real tokens; a padded query attends only to
 itself (its output is unused, but stays finite). Attention runs through
 ``torch.nn.functional.scaled_dot_product_attention``.
+
+With ``attention_window=W`` (:class:`AttentionOptions`) a token attends to the last W positions, itself
+included, in a whole-sequence forward and in a cached one alike, and the state keeps only the last W − 1
+keys and values: its size stops growing, so a hybrid runs through a whole book at flat memory, with the
+same numbers as one forward over the book with the same window.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class CausalSelfAttention(TokenMixer):
         options = AttentionOptions.take(options, **values)
         options.check_options(hidden_size)
         num_heads, self.dropout = options.num_attention_heads, options.attention_dropout
+        self.attention_window = options.attention_window  # None: every earlier token
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
@@ -85,12 +91,22 @@ class CausalSelfAttention(TokenMixer):
             key_doc = torch.cat([query_doc.new_zeros(batch, past), query_doc], dim=1)  # (B, T)
             allowed = allowed & (key_doc[:, None, :] == query_doc[:, :, None])  # block-diagonal causal
             key_mask = key_mask & (key_doc == query_doc[:, -1:])  # what the row's last document may still see
+        if self.attention_window is not None:  # the last W positions, the query's own included
+            allowed = allowed & (key_pos > query_pos - self.attention_window)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=allowed[:, None], dropout_p=self.dropout if self.training else 0.0
         )  # (B, heads, L, d_head)
         y = self.out_proj(y.transpose(1, 2).flatten(2))  # (B, L, d)
-        new_state = {"key": k, "value": v, "key_mask": key_mask} if return_state else None
+        new_state = self._kept_state(k, v, key_mask) if return_state else None
         return y, new_state
+
+    def _kept_state(self, k, v, key_mask):
+        """The keys/values a later token can attend to: all of them, or with a window W the last W − 1
+        (a later token attends to itself and the W − 1 positions before it)."""
+        if self.attention_window is None:
+            return {"key": k, "value": v, "key_mask": key_mask}
+        first = max(0, k.shape[2] - (self.attention_window - 1))
+        return {"key": k[:, :, first:], "value": v[:, :, first:], "key_mask": key_mask[:, first:]}
 
     def _step(self, x_t, state, mask_t):
         """One token: its key and value appended to the state. O(T) per token."""

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...layers.attention import CausalSelfAttention
+from ...layers.attention_options import AttentionOptions
 from ...layers.h3 import H3Mixer
 from ..modeling_recurrent import (
     RecurrentForCausalLM,
@@ -38,6 +39,17 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
         if layer_idx in config.attention_layers:
             return CausalSelfAttention(config.hidden_size, config)
         return H3Mixer(config.hidden_size, config)
+
+    def set_attention_window(self, attention_window: int | None) -> None:
+        """Give every attention layer a sliding window of ``attention_window`` tokens (None: full attention),
+        from the next forward on, and record it in the config (so ``save_pretrained`` keeps it). What
+        ``ssmhub-eval --stateful --attention_window W`` does to a hybrid, so that its cache stops growing
+        (:class:`~ssmhub.layers.attention_options.AttentionOptions`). Raises ValueError for a bad value."""
+        AttentionOptions.take(self.config, attention_window=attention_window).check_options(self.config.hidden_size)
+        self.config.attention_window = attention_window
+        for module in self.modules():
+            if isinstance(module, CausalSelfAttention):
+                module.attention_window = attention_window
 
     @torch.no_grad()
     def distill_for_decoding(self, num_modes: int) -> dict[str, torch.Tensor]:
