@@ -81,9 +81,7 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
             ValueError, before any fitting: ``num_modes`` below 1 or above what L_max supports, a tolerance
             outside (0, 1), an unknown method, or a model with no long convolution.
         """
-        mixers = self._long_conv_mixers()
-        for mixer in mixers.values():
-            mixer._check_distill_request(num_modes, tolerance, method)
+        mixers = self._long_conv_mixers()  # every layer checks the request before it fits (H3Mixer.distill)
         reports = {name: mixer.distill(num_modes, tolerance, method) for name, mixer in mixers.items()}
         self.config.decode_num_modes = num_modes
         return reports
