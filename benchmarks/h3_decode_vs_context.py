@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     errors = distilled.distill_for_decoding(args.num_modes)
     distill_s = time.perf_counter() - start
-    all_errors = torch.cat(list(errors.values()))
+    all_errors = torch.cat([report.errors for report in errors.values()])
     print(
         f"distilled {len(errors)} long convolutions to N={args.num_modes} in {distill_s:.1f} s; relative kernel "
         f"error mean {all_errors.mean():.4f}, median {all_errors.median():.4f}, max {all_errors.max():.4f}",

@@ -467,8 +467,14 @@ def mqar_plot(records: list[dict], results_dir: str) -> str:
             points = {w: cell["value"] for w, cell in cells.items() if cell is not None}
             if points:
                 xs = sorted(points)
-                ax.plot([x * nudge[family] for x in xs], [points[x] for x in xs], marker=markers[family],
-                        markersize=5, color=colors[family], label=family)
+                ax.plot(
+                    [x * nudge[family] for x in xs],
+                    [points[x] for x in xs],
+                    marker=markers[family],
+                    markersize=5,
+                    color=colors[family],
+                    label=family,
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(widths, [str(w) for w in widths])  # the same width axis in every panel
         ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.3)

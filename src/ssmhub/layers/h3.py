@@ -37,11 +37,21 @@ nothing wherever they sit, so a left-padded row gives the same outputs as the ro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..ops.longconv import causal_conv_step
-from ..ops.modal import ModalKernel, fit_modal_kernel, modal_kernel, modal_scan, modal_step
+from ..ops.longconv import causal_conv, causal_conv_step
+from ..ops.modal import (
+    ModalKernel,
+    fit_modal_kernels,
+    hankel_singular_values,
+    max_modes,
+    modal_kernel,
+    modal_scan,
+    modal_step,
+)
 from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .diagonal_ssm import DiagonalSSMKernel
 from .h3_options import H3Options
@@ -49,7 +59,7 @@ from .longconv import LongConvKernel
 from .longconv_options import LongConvOptions
 from .mixer import TokenMixer
 
-__all__ = ["H3Mixer", "H3Options"]
+__all__ = ["DistillationReport", "H3Mixer", "H3Options"]
 # Longest unregularized shift kernel run as a direct FIR (H3Mixer._shift): up to this many taps, shifted
 # multiply-adds cost less than an FFT convolution of the whole sequence.
 DIRECT_SHIFT_MAX_TAPS = 16
@@ -70,7 +80,9 @@ def _shift_kernel_options(options: H3Options) -> LongConvOptions:
 
 class ModalForm(nn.Module):
     """Buffers of a long kernel's modal fit (:class:`~ssmhub.ops.modal.ModalKernel`): poles
-    ``exp(log_modulus + i·phase)``, residues, direct term and the fit's relative error, per head."""
+    ``exp(log_modulus + i·phase)``, residues, direct term and the fit's relative error, per head; and, per head,
+    how many of the ``num_modes`` slots its fit uses (``head_modes``, the rest are zero-residue padding) and
+    whether the head is left on exact decoding (``exact_heads``: its fit missed the tolerance)."""
 
     def __init__(self, num_heads: int, num_modes: int):
         super().__init__()
@@ -82,6 +94,29 @@ class ModalForm(nn.Module):
             ("relative_error", (num_heads,)),
         ):
             self.register_buffer(name, torch.zeros(shape, dtype=torch.float32))
+        self.register_buffer("head_modes", torch.full((num_heads,), num_modes, dtype=torch.long))
+        self.register_buffer("exact_heads", torch.zeros(num_heads, dtype=torch.bool))
+
+
+@dataclass
+class DistillationReport:
+    """What :meth:`H3Mixer.distill` did to one layer (per head tensors are (H,) on the CPU).
+
+    Attributes:
+        orders: modes kept per head (0 for a head left exact).
+        errors: relative L2 error of the kernel each head now computes with (0 for an exact head).
+        fit_errors: the smallest error any order within the budget reached (what made a head exact).
+        exact_heads: indices of the heads left on exact decoding.
+        state_bytes: decode state of this layer's long convolution per sequence (modal + windows).
+        exact_state_bytes: the same for the undistilled layer (a window of L_max − 1 inputs per channel).
+    """
+
+    orders: torch.Tensor
+    errors: torch.Tensor
+    fit_errors: torch.Tensor
+    exact_heads: list[int]
+    state_bytes: int
+    exact_state_bytes: int
 
 
 class H3Mixer(TokenMixer):
@@ -132,74 +167,192 @@ class H3Mixer(TokenMixer):
 
     @property
     def num_state_modes(self) -> int | None:
-        """N of the modal state (None when the layer decodes exactly with a window of L_max − 1 inputs)."""
+        """N of the modal state (None when the layer decodes exactly with a window of L_max − 1 inputs); for a
+        distilled layer the most modes any of its distilled heads uses (0 when every head was left exact)."""
         if self.kernel_type == "diagonal_ssm":
             return self.long_conv.state_size
-        return self.decode_num_modes
+        if not self.distilled:
+            return None
+        modes = self.ssm.head_modes[~self.ssm.exact_heads]
+        return int(modes.max()) if modes.numel() else 0
 
-    def modal_form(self) -> ModalKernel:
+    def _head_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(modal head indices, exact head indices) of a distilled layer; a diagonal SSM is all modal."""
+        exact = self.ssm.exact_heads if self.distilled else torch.zeros(self.num_heads, dtype=torch.bool)
+        return (~exact).nonzero().flatten(), exact.nonzero().flatten()
+
+    def modal_form(self, heads: torch.Tensor | None = None) -> ModalKernel:
         """The modal form of the long kernel: the diagonal SSM's own, or the distilled fit (see
-        :func:`ssmhub.ops.modal.fit_modal_kernel`)."""
+        :func:`ssmhub.ops.modal.fit_modal_kernel`); with ``heads``, those heads' fits cut to the modes they use."""
         if self.kernel_type == "diagonal_ssm":
             return self.long_conv.modal()
         if not self.distilled:
             raise ValueError("this H3 layer is not distilled: call distill(num_modes) first")
         m = self.ssm
-        return ModalKernel(m.log_modulus, m.phase, m.residues, m.direct, m.relative_error)
+        form = ModalKernel(m.log_modulus, m.phase, m.residues, m.direct, m.relative_error)
+        if heads is None:
+            return form
+        modes = self.num_state_modes
+        return ModalKernel(
+            *(
+                getattr(form, f)[heads][:, :modes] if getattr(form, f).dim() > 1 else getattr(form, f)[heads]
+                for f in form.__dataclass_fields__
+            )
+        )
+
+    def hankel_singular_values(self) -> torch.Tensor:
+        """The Hankel singular values (H, L_max − 1) of each head's learned kernel, descending
+        (:func:`ssmhub.ops.modal.hankel_singular_values`): how many modes a head needs before distilling it."""
+        if self.kernel_type == "diagonal_ssm":
+            raise ValueError("a diagonal-SSM H3 layer has no long convolution: it is already modal")
+        return hankel_singular_values(self.long_conv(self.max_kernel_length).detach().float().cpu())
 
     @torch.no_grad()
-    def distill(self, num_modes: int) -> torch.Tensor:
-        """Fit the learned long kernel (all L_max taps) with ``num_modes`` complex exponentials per head and
-        switch the layer to that modal form: a diagonal SSM whose decode state is (d_h, d_h, H, N) per
-        sequence, independent of the context length. Returns the (H,) relative L2 error of each fit.
+    def distill(self, num_modes: int, tolerance: float | None = None, method: str = "best") -> DistillationReport:
+        """Fit each head's learned long kernel (all L_max taps) in modal form and switch the layer to it.
 
-        After this the layer computes with the modal kernel everywhere (training forward, prefill and
-        step agree), so its perplexity can be measured like any model's. Beyond L_max the modal kernel
-        keeps decaying while the learned one is zero (the fit only sees taps 0..L_max-1).
+        Without ``tolerance`` every head gets ``num_modes`` modes. With a ``tolerance`` (relative L2 kernel
+        error, ``0 < tol < 1``) each head gets the smallest order among ``1, 2, 4, …, num_modes`` whose fit
+        meets it, and a head whose best fit within the budget misses it stays exact: it decodes with its window
+        of L_max − 1 inputs while the others decode with an O(N) modal state (LaughingHyena, arXiv 2310.18780
+        §3.2, picks the order per filter). The layer then computes with these kernels everywhere (training
+        forward, prefill and step agree). Beyond L_max a modal kernel keeps decaying while the learned one is
+        zero (the fit only sees taps 0..L_max-1). ``method``: see :func:`ssmhub.ops.modal.fit_modal_kernel`.
         """
+        self._check_distill_request(num_modes, tolerance, method)
+        learned = self.long_conv(self.max_kernel_length).detach().float().cpu()  # (H, L_max), regularized
+        orders = (
+            [num_modes] if tolerance is None else sorted({1 << k for k in range(num_modes.bit_length())} | {num_modes})
+        )
+        orders = [n for n in orders if n <= num_modes]
+        fits = fit_modal_kernels(learned, orders, method)
+        errors = torch.stack([f.relative_error for f in fits])  # (orders, H)
+        meets = errors <= (tolerance if tolerance is not None else float("inf"))
+        choice = torch.where(meets.any(0), meets.to(torch.int8).argmax(0), len(orders) - 1)  # (H,): first order met
+        exact = ~meets.any(0)
+        self._store_fits(fits, orders, choice, exact, num_modes)
+        chosen = torch.tensor(orders)[choice]
+        return DistillationReport(
+            orders=torch.where(exact, 0, chosen),
+            errors=torch.where(exact, 0.0, errors.gather(0, choice[None])[0]),
+            fit_errors=errors.min(0).values,
+            exact_heads=exact.nonzero().flatten().tolist(),
+            state_bytes=self.kv_state_bytes(),
+            exact_state_bytes=4 * self.head_dim**2 * self.num_heads * (self.max_kernel_length - 1),
+        )
+
+    def _check_distill_request(self, num_modes, tolerance, method) -> None:
+        """Bad requests fail here, before any fitting."""
         if self.kernel_type == "diagonal_ssm":
             raise ValueError("a diagonal-SSM H3 layer has no long convolution to distill: it is already modal")
-        learned = self.long_conv(self.max_kernel_length).detach().float().cpu()  # (H, L_max), regularized
-        fit = fit_modal_kernel(learned, num_modes)
+        if isinstance(num_modes, bool) or not isinstance(num_modes, int) or num_modes < 1:
+            raise ValueError(f"num_modes must be an integer >= 1; got {num_modes!r}")
+        limit = max_modes(self.max_kernel_length, method=method)  # also checks method
+        if num_modes > limit:
+            raise ValueError(f"num_modes={num_modes} is too large for L_max {self.max_kernel_length}: at most {limit}")
+        if tolerance is not None and (
+            isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1
+        ):
+            raise ValueError(f"tolerance must be a relative L2 error in (0, 1) or None; got {tolerance!r}")
+
+    def _store_fits(self, fits, orders, choice, exact, num_modes) -> None:
+        """Copy head h's fit at order ``orders[choice[h]]`` into the first slots of the (H, num_modes) buffers."""
         if not self.distilled or self.decode_num_modes != num_modes:
             self._register_modal_buffers(num_modes)
         self.ssm.to(self.long_conv.skip.device)
-        for name, value in (
-            ("log_modulus", fit.log_modulus),
-            ("phase", fit.phase),
-            ("residues", fit.residues),
-            ("direct", fit.d),
-            ("relative_error", fit.relative_error),
-        ):
-            getattr(self.ssm, name).copy_(value)
-        return fit.relative_error
+        for name in ("log_modulus", "phase", "residues"):
+            getattr(self.ssm, name).zero_()
+        self.ssm.log_modulus.fill_(-0.6931471805599453)  # padding: a harmless pole 0.5 with zero residue
+        for i, (fit, order) in enumerate(zip(fits, orders)):
+            heads = (choice == i).nonzero().flatten()
+            for name, value in (("log_modulus", fit.log_modulus), ("phase", fit.phase), ("residues", fit.residues)):
+                getattr(self.ssm, name)[heads.to(self.ssm.phase.device), :order] = value[heads].to(
+                    self.ssm.phase.device
+                )
+            for name, value in (("direct", fit.d), ("relative_error", fit.relative_error)):
+                getattr(self.ssm, name)[heads.to(self.ssm.phase.device)] = value[heads].to(self.ssm.phase.device)
+        self.ssm.head_modes.copy_(torch.tensor(orders)[choice].masked_fill(exact, 0))
+        self.ssm.exact_heads.copy_(exact)
 
-    def _modal_conv(self, kv: torch.Tensor, initial_state: torch.Tensor | None, return_state: bool):
-        """Modal long conv of kv (B, d_h, d_h, H, L) + D·kv; state (B, d_h, d_h, H, N) complex64."""
-        batch, dh, _, heads, length = kv.shape
-        u = kv.reshape(batch * dh * dh, heads, length)  # (B·d_h², H, L)
-        state = None if initial_state is None else initial_state.reshape(batch * dh * dh, heads, -1)
-        y, final = modal_scan(u, self.modal_form(), initial_state=state, return_final_state=return_state)
-        y = y.reshape(kv.shape) + self.long_conv.skip.float()[:, None] * kv
-        return y, None if final is None else final.reshape(batch, dh, dh, heads, -1)
+    def kv_state_bytes(self) -> int:
+        """Bytes of the long convolution's decode state per sequence (complex64 modes, float32 windows)."""
+        layout = self.state_layout(1)
+        return sum(
+            torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            for name, (shape, dtype) in layout.items()
+            if name != "shift_state"
+        )
 
-    def _modal_conv_step(self, kv_t: torch.Tensor, state: torch.Tensor):
-        """One token of :meth:`_modal_conv`: kv_t (B, d_h, d_h, H) -> (y_t, new state)."""
-        batch, dh, _, heads = kv_t.shape
-        y, new_state = modal_step(kv_t.reshape(-1, heads), state.reshape(batch * dh * dh, heads, -1), self.modal_form())
-        y = y.reshape(kv_t.shape) + self.long_conv.skip.float() * kv_t
-        return y, new_state.reshape(batch, dh, dh, heads, -1)
+    def _modal_conv(self, kv: torch.Tensor, initial_state: torch.Tensor | None, return_state: bool, heads=None):
+        """Modal long conv of kv (B, d_h, d_h, H', L) + D·kv over ``heads`` (default all).
+
+        State: (B, d_h, d_h, H', N) complex64."""
+        batch, dh, _, count, length = kv.shape
+        u = kv.reshape(batch * dh * dh, count, length)  # (B·d_h², H', L)
+        state = None if initial_state is None else initial_state.reshape(batch * dh * dh, count, -1)
+        y, final = modal_scan(u, self.modal_form(heads), initial_state=state, return_final_state=return_state)
+        skip = self.long_conv.skip.float() if heads is None else self.long_conv.skip.float()[heads]
+        y = y.reshape(kv.shape) + skip[:, None] * kv
+        return y, None if final is None else final.reshape(batch, dh, dh, count, -1)
+
+    def _modal_conv_step(self, kv_t: torch.Tensor, state: torch.Tensor, heads=None):
+        """One token of :meth:`_modal_conv`: kv_t (B, d_h, d_h, H') -> (y_t, new state)."""
+        batch, dh, _, count = kv_t.shape
+        form = self.modal_form(heads)
+        y, new_state = modal_step(kv_t.reshape(-1, count), state.reshape(batch * dh * dh, count, -1), form)
+        skip = self.long_conv.skip.float() if heads is None else self.long_conv.skip.float()[heads]
+        y = y.reshape(kv_t.shape) + skip * kv_t
+        return y, new_state.reshape(batch, dh, dh, count, -1)
+
+    def _distilled_conv(self, kv: torch.Tensor, state, return_state: bool):
+        """Long conv of a distilled layer, kv (B, d_h, d_h, H, L): modal heads by their modal state
+        (``kv_state``), heads left exact by their learned kernel and window of L_max − 1 inputs (``kv_window``).
+        One token (kv (B, d_h, d_h, H)) is a step of each. Returns ``(s like kv, {state name: final or None})``."""
+        modal, exact = self._head_split()
+        one = kv.dim() == 4
+        s, parts = torch.empty_like(kv, dtype=torch.float32), {}
+        if modal.numel():
+            previous = None if state is None else state["kv_state"]
+            if one:
+                s[..., modal], parts["kv_state"] = self._modal_conv_step(kv[..., modal], previous, modal)
+            else:
+                s[..., modal, :], parts["kv_state"] = self._modal_conv(kv[..., modal, :], previous, return_state, modal)
+        if exact.numel():
+            kernel, skip = self.long_conv(self.max_kernel_length)[exact], self.long_conv.skip[exact]
+            previous = None if state is None else state["kv_window"]
+            if one:
+                s[..., exact], parts["kv_window"] = causal_conv_step(kv[..., exact], previous, kernel, skip)
+            else:
+                s[..., exact, :], parts["kv_window"] = causal_conv(
+                    kv[..., exact, :],
+                    kernel,
+                    skip,
+                    initial_state=previous,
+                    return_final_state=return_state,
+                    state_length=self.max_kernel_length - 1,
+                    backend=self.long_conv.fft_backend,
+                    block_size=self.long_conv.butterfly_block_size,
+                )
+        return s, parts
 
     # ----------------------------------------------------------------------------- kernels
     def kernel(self, length: int) -> torch.Tensor:
         """The effective (num_heads, length) float32 long-conv kernel (regularized; zero beyond L_max).
 
         Together with ``self.long_conv.skip`` (D) this is the whole long convolution: the hook for a
-        distilled decode that fits it with a modal (diagonal SSM) form.
+        distilled decode that fits it with a modal (diagonal SSM) form. A distilled layer's heads left exact
+        keep their learned kernel.
         """
-        if self.modal_state:
+        if self.kernel_type == "diagonal_ssm":
             return modal_kernel(self.modal_form(), length)
-        return self.long_conv(length)
+        if not self.distilled:
+            return self.long_conv(length)
+        modal, exact = self._head_split()
+        kernel = self.long_conv(length) if exact.numel() else torch.empty(self.num_heads, length)
+        kernel = kernel.to(self.ssm.phase.device).clone()
+        if modal.numel():
+            kernel[modal] = modal_kernel(self.modal_form(modal), length)
+        return kernel
 
     def shift_kernel(self, length: int | None = None) -> torch.Tensor:
         """The effective (hidden_size, length) float32 shift kernel (default: its own length)."""
@@ -211,15 +364,23 @@ class H3Mixer(TokenMixer):
 
         ``shift_state``: (B, d, shift_kernel_size − 1), the last k inputs, oldest first; ``kv_state``:
         (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first, or, for a modal layer,
-        the complex64 modal state (B, d_h, d_h, H, N), independent of the context.
+        the complex64 modal state (B, d_h, d_h, H, N), independent of the context. A distilled layer with heads
+        left exact holds ``kv_state`` (B, d_h, d_h, H_modal, N) for its modal heads and ``kv_window``
+        (B, d_h, d_h, H_exact, max_kernel_length − 1) for the exact ones (each only when it has such heads).
         """
-        dh = self.head_dim
-        shift = ((batch_size, self.hidden_size, self.shift_kernel_size - 1), torch.float32)
-        if self.modal_state:
-            kv = ((batch_size, dh, dh, self.num_heads, self.num_state_modes), torch.complex64)
+        dh, window = self.head_dim, self.max_kernel_length - 1
+        layout = {"shift_state": ((batch_size, self.hidden_size, self.shift_kernel_size - 1), torch.float32)}
+        if self.kernel_type == "diagonal_ssm":
+            layout["kv_state"] = ((batch_size, dh, dh, self.num_heads, self.num_state_modes), torch.complex64)
+        elif not self.distilled:
+            layout["kv_state"] = ((batch_size, dh, dh, self.num_heads, window), torch.float32)
         else:
-            kv = ((batch_size, dh, dh, self.num_heads, self.max_kernel_length - 1), torch.float32)
-        return {"shift_state": shift, "kv_state": kv}
+            modal, exact = self._head_split()
+            if modal.numel():
+                layout["kv_state"] = ((batch_size, dh, dh, modal.numel(), self.num_state_modes), torch.complex64)
+            if exact.numel():
+                layout["kv_window"] = ((batch_size, dh, dh, exact.numel(), window), torch.float32)
+        return layout
 
     # ----------------------------------------------------------------------------- heads
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -247,18 +408,22 @@ class H3Mixer(TokenMixer):
         kv_window = self.max_kernel_length - 1
 
         def conv(kv):
+            if self.distilled:
+                return self._distilled_conv(kv, state, return_state)
             if self.modal_state:
-                return self._modal_conv(kv, None if state is None else state["kv_state"], return_state)
-            return self.long_conv.convolve(
+                s, final = self._modal_conv(kv, None if state is None else state["kv_state"], return_state)
+                return s, {"kv_state": final}
+            s, final = self.long_conv.convolve(
                 kv,
                 initial_state=None if state is None else state["kv_state"],
                 return_final_state=return_state,
                 state_length=kv_window,
             )
+            return s, {"kv_state": final}
 
         o, kv_final = self._mix(q, k_shift, v, conv)  # (B, d, L)
         y = self.out_proj(o.transpose(1, 2).to(x.dtype))
-        new_state = {"shift_state": shift_final, "kv_state": kv_final} if return_state else None
+        new_state = {"shift_state": shift_final, **kv_final} if return_state else None
         return y, new_state
 
     def _shift(self, k: torch.Tensor, history: torch.Tensor | None, return_state: bool):
@@ -296,20 +461,27 @@ class H3Mixer(TokenMixer):
         k_shift, shift_state = causal_conv_step(
             k, state["shift_state"], self.shift_conv(self.shift_kernel_size), self.shift_conv.skip
         )  # (B, d)
-        if self.modal_state:
+        if self.distilled:
 
             def conv(kv):
-                return self._modal_conv_step(kv, state["kv_state"])
+                return self._distilled_conv(kv, state, True)
+
+        elif self.modal_state:
+
+            def conv(kv):
+                s, new = self._modal_conv_step(kv, state["kv_state"])
+                return s, {"kv_state": new}
 
         else:
             long_kernel = self.long_conv(self.max_kernel_length)
 
             def conv(kv):
-                return causal_conv_step(kv, state["kv_state"], long_kernel, self.long_conv.skip)
+                s, new = causal_conv_step(kv, state["kv_state"], long_kernel, self.long_conv.skip)
+                return s, {"kv_state": new}
 
         o, kv_state = self._mix(q, k_shift, v, conv)  # (B, d)
         y_t = self.out_proj(o.to(x_t.dtype))
-        return y_t, {"shift_state": shift_state, "kv_state": kv_state}
+        return y_t, {"shift_state": shift_state, **kv_state}
 
     def extra_repr(self) -> str:
         return (

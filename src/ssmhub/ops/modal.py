@@ -13,7 +13,7 @@ which is the kernel of the diagonal recurrence (DLR seed paper Eq. 1, with per-c
 fit match ``K[0]`` exactly and spend all N modes on ``t ≥ 1``, as in the eigensystem realization
 algorithm (ERA), where ``K[0]`` is the feed-through ``D`` and the Hankel matrix starts at ``K[1]``.
 
-Method ``"hankel"`` (Kung's / ERA / ESPRIT state-space identification, then a least-squares refit):
+Method ``"hankel"``, the reference (Kung's / ERA / ESPRIT state-space identification, then a least-squares refit):
 
 1. Hankel matrix ``𝓗[i, j] = K[1 + i + j]`` of the tail ``K[1:]`` (length ``T = L - 1``), with ``P``
    columns (``hankel_cols``, default ``min(max(4N, 128), 256)``, capped by T) and ``M = T - P + 1``
@@ -39,6 +39,19 @@ Method ``"hankel"`` (Kung's / ERA / ESPRIT state-space identification, then a le
    unit circle for kernels that do not decay); poles are rounded to the float32 storage, and the
    residues refitted in float64 for those rounded poles, so the stored fit is the one reported.
 
+Model-order reduction (``method="balanced"``, ``"best"``, ``"refined"``; LaughingHyena, Massaroli et al. 2023,
+arXiv 2310.18780, §3.2, distils long-conv filters by model-order reduction with the order chosen per filter):
+
+- ``"balanced"``: balanced truncation of the FIR system of the tail through its whole T×T Hankel operator
+  (symmetric, so one ``eigh``; its eigenvalue moduli are the Hankel singular values,
+  :func:`hankel_singular_values`), poles of the truncated balanced realisation (:func:`_balanced_poles`), then
+  the same least-squares residues. Allows ``N ≤ T/2`` (2N real states, the size of the exact window).
+- ``"best"``: per channel the smallest error among the hankel, balanced and frequency-sampling candidates
+  (:func:`_circle_poles`: poles spread on a circle, which fit delays, whose own realisation is nilpotent and
+  has no modal form), each with least-squares residues, so never worse than the reference, channel by channel.
+- ``"refined"``: ``"best"``, then Adam on poles and residues against the L2 kernel error (each channel keeps its
+  best iterate; residues refitted by least squares at the end). Measured in benchmarks/results/h3_distillation.md.
+
 Everything is float64/complex128 and batched over channels (in blocks, to bound memory).
 Cost per channel: ``O(M·P² + P³ + T·N + N³)`` (Gram, eigh, right-hand side ``Σ_t K[t] λ^t``, solves);
 the wall time of a whole model's distillation is in benchmarks/results/h3_decode_vs_context.md.
@@ -53,7 +66,7 @@ Known failure modes and limits:
   kernel) are not low-rank: N modes capture roughly the energy in N "directions", so the relative
   error stays large whatever the method. Trained, Squash/Smooth-regularised kernels decay and are smooth.
 - Hankel/ESPRIT is near-optimal in Hankel norm, not in L2; the least-squares refit makes the residues
-  L2-optimal for the chosen poles, but the poles are not refined (no nonlinear optimisation).
+  L2-optimal for the chosen poles; only ``method="refined"`` moves the poles (a local descent, slow on a CPU).
 - Nearly coincident poles make the Vandermonde system ill-conditioned; the truncated solve keeps every
   mode's contribution bounded, at some cost in accuracy on noise-like kernels. A channel whose stored fit
     would still be worse than no modes at all (``d`` alone) gets no modes: the error never exceeds that.
@@ -81,6 +94,8 @@ __all__ = [
     "MAX_MODULUS",
     "ModalKernel",
     "fit_modal_kernel",
+    "fit_modal_kernels",
+    "hankel_singular_values",
     "max_modes",
     "modal_init_state",
     "modal_kernel",
@@ -89,11 +104,14 @@ __all__ = [
     "modal_step",
 ]
 
-FIT_METHODS = ("hankel",)
+FIT_METHODS = ("hankel", "balanced", "best", "refined")
+CIRCLE_DECAYS = (1.0, 2.0, 4.0)  # s of the frequency-sampling candidates |λ| = exp(-s/N), see _circle_poles
 MAX_MODULUS = 1.0 - 1e-4  # |λ| is clamped to at most this: a stable, slowly decaying mode
 MIN_MODULUS = 1e-2  # ESPRIT poles smaller than this are discarded (a mode that is gone after two taps)
 _TWO_PI = 2.0 * math.pi
 _SVD_ELEMENTS = 1 << 17  # Hankel matrices up to this size (per channel) get an exact SVD, larger ones the Gram route
+_DENSE_ELEMENTS = 1 << 24  # doubles of the square Hankel matrices of one channel block (128 MiB)
+_REFINE_LR = 3e-3  # Adam step of the refined fit (poles: log-modulus and phase; residues relative to ‖K‖)
 _RCOND = 1e-7  # relative eigenvalue cut-off of the (Jacobi-scaled) residue normal equations
 
 
@@ -138,13 +156,18 @@ class ModalKernel:
         return ModalKernel(*(getattr(self, f).to(*args, **kwargs) for f in self.__dataclass_fields__))
 
 
-def max_modes(length: int, direct_term: bool = True) -> int:
+def max_modes(length: int, direct_term: bool = True, method: str = "hankel") -> int:
     """Largest ``num_modes`` that :func:`fit_modal_kernel` accepts for kernels of ``length`` taps.
 
-    ESPRIT with ``r = 2N`` needs a Hankel matrix with at least ``2N + 1`` rows and ``2N`` columns plus one
-    spare tap for its shifted copy, i.e. ``T ≥ 4N + 1`` taps (``T = L - 1`` with a direct term, else L).
+    ``"hankel"``: ESPRIT with ``r = 2N`` needs a Hankel matrix with at least ``2N + 1`` rows and ``2N`` columns
+    plus one spare tap for its shifted copy, i.e. ``T ≥ 4N + 1`` taps (``T = L - 1`` with a direct term, else L).
+    ``"balanced"`` / ``"refined"``: the reduced model has ``r = 2N ≤ T`` states, i.e. ``N ≤ T/2``: as many real
+    numbers as the exact window of T inputs holds (a larger N would be a larger state than exact decoding).
     """
-    return max(0, (length - 1 if direct_term else length) - 1) // 4
+    if method not in FIT_METHODS:
+        raise ValueError(f"method must be one of {FIT_METHODS}; got {method!r}")
+    taps = length - 1 if direct_term else length
+    return max(0, taps - 1) // 4 if method == "hankel" else max(0, taps) // 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,6 +337,123 @@ def _esprit_poles(tail: torch.Tensor, order: int, cols: int) -> torch.Tensor:
     return torch.linalg.eigvals(phi)  # (H, r) conjugate pairs or real
 
 
+def _square_hankel(tail: torch.Tensor) -> torch.Tensor:
+    """The T×T Hankel operator of the FIR tail (H, T): ``𝓗[i, j] = tail[i + j]`` for ``i + j < T``, else 0 (H, T, T).
+
+    It is symmetric, so its singular values are the moduli of its eigenvalues (the Hankel singular values).
+    """
+    taps = tail.shape[-1]
+    return torch.nn.functional.pad(tail, (0, taps)).unfold(-1, taps, 1)[:, :taps]  # (H, T, T)
+
+
+def _hankel_eigvecs(tail: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hankel singular values (H, T), descending, and the matching eigenvectors (H, T, T) of :func:`_square_hankel`."""
+    evals, evecs = torch.linalg.eigh(_square_hankel(tail))  # ascending eigenvalues of the symmetric 𝓗
+    order = evals.abs().argsort(dim=-1, descending=True)  # (H, T)
+    sigma = torch.gather(evals.abs(), -1, order)
+    return sigma, torch.gather(evecs, -1, order.unsqueeze(-2).expand_as(evecs))
+
+
+@float32_math
+def hankel_singular_values(kernel: torch.Tensor, direct_term: bool = True) -> torch.Tensor:
+    """The Hankel singular values ``σ_1 ≥ σ_2 ≥ …`` of each row of ``kernel`` (H, L): (H, T) float32.
+
+    They are those of the FIR system ``K[1:]`` (``T = L - 1``; with ``direct_term=False`` all of ``K``): a fit
+    of order ``r = 2N`` real states (N complex modes) has an H∞ error of at least ``σ_{r+1}`` (Adamjan-Arov-Krein)
+    and balanced truncation at most ``2 Σ_{k>r} σ_k`` (Enns; Glover 1984), so where they fall off tells how
+    many modes a kernel needs. LaughingHyena (Massaroli et al. 2023, arXiv 2310.18780, §3.2) reads the order
+    of a Hyena filter from the same spectrum.
+    """
+    if not isinstance(kernel, torch.Tensor) or kernel.dim() != 2 or kernel.is_complex():
+        raise ValueError(f"kernel must be a real 2-D (H, L) tensor; got {getattr(kernel, 'shape', type(kernel))}")
+    tail = kernel.detach().double()[:, 1 if direct_term else 0 :]
+    if tail.shape[-1] < 1:
+        raise ValueError("kernel is too short: it has no taps after the direct term")
+    block = max(1, _DENSE_ELEMENTS // tail.shape[-1] ** 2)
+    return (
+        torch.cat(
+            [torch.linalg.eigvalsh(_square_hankel(tail[h : h + block])).abs() for h in range(0, tail.shape[0], block)]
+        )
+        .sort(dim=-1, descending=True)
+        .values.float()
+    )
+
+
+def _balanced_poles(basis: torch.Tensor, order: int) -> torch.Tensor:
+    """Poles (H, r) of the balanced truncation to ``r = order`` states of the FIR system of the tail.
+
+    Shift-register realisation of the tail: state ``x_t[i] = u_{t-1-i}``, ``A`` the down-shift, ``B = e_0``,
+    ``C = tail``. Its controllability Gramian is ``I``, its observability Gramian ``𝓗ᵀ𝓗 = 𝓗²`` (𝓗 the square
+    Hankel operator), so the balancing transform is ``Σ^{1/2} Vᵀ`` with ``V`` the singular (here eigen-)vectors
+    of 𝓗; the truncated ``A_r = Σ_r^{1/2} V_rᵀ A V_r Σ_r^{-1/2}`` has the eigenvalues of
+    ``V_rᵀ A V_r = V_r[1:]ᵀ V_r[:-1]``. Discrete balanced truncation keeps them strictly stable (Pernebo &
+    Silverman 1982) with ``‖G − G_r‖_∞ ≤ 2 Σ_{k>r} σ_k``; model-order reduction of long-conv filters as in
+    LaughingHyena (arXiv 2310.18780, §3.2).
+    """
+    v = basis[..., :order]  # (H, T, r): leading Hankel singular vectors
+    return torch.linalg.eigvals(v[:, 1:].mT @ v[:, :-1])  # (H, r) conjugate pairs or real
+
+
+def _circle_poles(channels: int, num_modes: int, decay: float, device) -> tuple[torch.Tensor, ...]:
+    """Frequency-sampling poles ``λ_k = ρ·exp(iπ(k + ½)/N)``, ``k < N``, ``ρ = exp(−decay/N)`` ((H, N) each).
+
+    With their conjugates they are ρ times the 2N-th roots of −1, so ``Σ_k c_k λ_k^t`` spans every sequence
+    ``ρ^t·p[t]`` with ``p`` anti-periodic of period 2N: a delay ``δ[t − τ]`` with ``τ < 2N`` is fitted up to its
+    alias ``ρ^{2N}δ[t − τ − 2N] = e^{−2·decay}·…``. A delay's own realisation is nilpotent (every pole at 0),
+    which the Hankel methods cannot store in modal form (poles below MIN_MODULUS are dropped); these poles,
+    with least-squares residues, can. (The modal form of a DFT, long-conv paper arXiv 2302.06646 App. D.2.)
+    """
+    log_modulus = torch.full((channels, num_modes), -decay / num_modes, dtype=torch.float64, device=device)
+    phase = ((torch.arange(num_modes, dtype=torch.float64, device=device) + 0.5) * math.pi / num_modes).expand(
+        channels, num_modes
+    )
+    return log_modulus, phase.clone(), torch.ones(channels, num_modes, dtype=torch.bool, device=device)
+
+
+def _refine_poles(k64: torch.Tensor, fit: ModalKernel, start: int, steps: int, channel_block: int):
+    """Gradient refinement of ``fit``'s poles and residues on ``Σ_h ‖K_h[t≥start] − K̂_h‖² / ‖K_h‖²`` (Adam, fp64).
+
+    The kernel error is smooth in ``(log|λ|, arg λ, c)``; the Hankel fits are near-optimal in Hankel norm, not
+    in L2, so a local descent from them lowers the L2 error (the rational-fit refinement that LaughingHyena,
+    arXiv 2310.18780 §3.2, runs on its filters). ``|λ| ≤ MAX_MODULUS`` through ``log|λ| = log(MAX) − softplus(ρ)``.
+    Padding modes (zero residue) take part and may become useful. Each channel keeps its best iterate.
+    Returns ``(log_modulus, phase, valid)`` (H, N) for :func:`_finish_fit` (residues are refitted there).
+    """
+    out = []
+    for h0 in range(0, k64.shape[0], channel_block):
+        sl = slice(h0, h0 + channel_block)
+        target = k64[sl, start:]  # (h, T)
+        norm = target.norm(dim=-1, keepdim=True).clamp(min=1e-300)  # (h, 1)
+        t = torch.arange(start, k64.shape[-1], dtype=torch.float64, device=k64.device)
+        top = math.log(MAX_MODULUS)
+        rho = (top - fit.log_modulus[sl].double()).clamp(min=1e-9).expm1().clamp(min=1e-12).log()
+        phase = fit.phase[sl].double()
+        c = fit.complex_residues()[sl] / norm  # (h, N)
+        params = [p.clone().requires_grad_() for p in (rho, phase, c.real, c.imag)]
+        optimizer = torch.optim.Adam(params, lr=_REFINE_LR)
+        best = torch.full((target.shape[0],), math.inf, dtype=torch.float64, device=k64.device)
+        best_lm, best_phase = fit.log_modulus[sl].double().clone(), phase.clone()
+        for _ in range(steps + 1):
+            log_modulus = top - torch.nn.functional.softplus(params[0])  # (h, N)
+            magnitude = torch.exp(log_modulus.unsqueeze(-1) * t)  # (h, N, T): |λ|^t
+            angle = params[1].unsqueeze(-1) * t  # (h, N, T): t·arg λ
+            # Re(c λ^t) = |λ|^t (Re c·cos(t·arg λ) − Im c·sin(t·arg λ)), real arithmetic (cheaper autograd)
+            waves = params[2].unsqueeze(-1) * torch.cos(angle) - params[3].unsqueeze(-1) * torch.sin(angle)
+            fitted = (magnitude * waves).sum(-2)  # (h, T)
+            error = (target / norm - fitted).pow(2).sum(-1)  # (h,): relative squared error
+            better = error.detach() < best
+            best = torch.where(better, error.detach(), best)
+            best_lm = torch.where(better[:, None], log_modulus.detach(), best_lm)
+            best_phase = torch.where(better[:, None], params[1].detach(), best_phase)
+            optimizer.zero_grad()
+            error.sum().backward()
+            optimizer.step()
+        # a pole and its conjugate give the same real kernel: store the upper half plane, phase in [0, π]
+        out.append((best_lm, torch.atan2(best_phase.sin(), best_phase.cos()).abs()))
+    log_modulus, phase = (torch.cat(x) for x in zip(*out))
+    return log_modulus, phase, log_modulus >= math.log(MIN_MODULUS)
+
+
 def _select_modes(poles: torch.Tensor, tail_kernel: torch.Tensor, num_modes: int, start: int):
     """From ESPRIT poles (H, r), keep one of each conjugate pair and the real ones, then the N strongest."""
     modulus = poles.abs().clamp(min=1e-30, max=MAX_MODULUS)
@@ -335,30 +475,8 @@ def _select_modes(poles: torch.Tensor, tail_kernel: torch.Tensor, num_modes: int
     return tuple(torch.gather(x, -1, order_idx) for x in (log_modulus, phase, valid))
 
 
-@float32_math
-def fit_modal_kernel(
-    kernel: torch.Tensor,
-    num_modes: int,
-    method: str = "hankel",
-    direct_term: bool = True,
-    hankel_cols: int | None = None,
-    channel_block: int = 64,
-) -> ModalKernel:
-    """Fit each row of ``kernel`` (H, L) with ``num_modes`` complex exponentials (see the module docstring).
-
-    Args:
-        kernel: (H, L) real kernel, one row per channel (e.g. a long-conv ``K`` after Squash/Smooth).
-        num_modes: N, the number of complex modes (state size per channel), ``1 ≤ N ≤ max_modes(L)``.
-        method: ``"hankel"`` (Hankel/ESPRIT poles, least-squares residues); the only one so far.
-        direct_term: fit ``K[0]`` with a separate skip ``d`` (default) instead of with the modes.
-        hankel_cols: columns P of the Hankel matrix (``2N ≤ P ≤ T - 2N - 1``); default ``min(max(4N, 128), 256)``
-            capped to the length. More columns: more averaging and a fit closer to balanced truncation,
-            at ``O(M·P²)`` cost per channel.
-        channel_block: channels fitted together (bounds memory to ~``channel_block · M · P`` doubles).
-
-    Returns:
-        :class:`ModalKernel` on ``kernel.device``, every tensor float32.
-    """
+def _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block) -> None:
+    """Every argument of :func:`fit_modal_kernel` checked before any fitting (ValueError naming the bad one)."""
     if not isinstance(kernel, torch.Tensor) or kernel.dim() != 2:
         raise ValueError(f"kernel must be a 2-D (H, L) tensor; got {getattr(kernel, 'shape', type(kernel))}")
     if kernel.is_complex() or not kernel.is_floating_point():
@@ -367,41 +485,118 @@ def fit_modal_kernel(
         raise ValueError(f"method must be one of {FIT_METHODS}; got {method!r}")
     if isinstance(num_modes, bool) or not isinstance(num_modes, int) or num_modes < 1:
         raise ValueError(f"num_modes must be a positive int; got {num_modes!r}")
-    channels, length = kernel.shape
-    limit = max_modes(length, direct_term)
+    length = kernel.shape[-1]
+    limit = max_modes(length, direct_term, method)
     if num_modes > limit:
+        needed = 4 * num_modes + 1 if method == "hankel" else 2 * num_modes
         raise ValueError(
-            f"num_modes={num_modes} is too large for kernels of length {length}: at most {limit} "
-            f"(the Hankel fit needs {4 * num_modes + 1 + int(direct_term)} taps)"
+            f"num_modes={num_modes} is too large for kernels of length {length} with method {method!r}: at most "
+            f"{limit} (the fit needs {needed + int(direct_term)} taps)"
         )
-    if not bool(torch.isfinite(kernel).all()):
-        raise ValueError("kernel has non-finite entries")
-    start = 1 if direct_term else 0
-    taps = length - start
-    order = 2 * num_modes
-    if hankel_cols is None:
-        hankel_cols = min(max(2 * order, 128), 256)
-    hankel_cols = max(order, min(hankel_cols, taps - order - 1))
     if isinstance(channel_block, bool) or not isinstance(channel_block, int) or channel_block < 1:
         raise ValueError(f"channel_block must be a positive int; got {channel_block!r}")
+    if not bool(torch.isfinite(kernel).all()):
+        raise ValueError("kernel has non-finite entries")
 
+
+@float32_math
+def fit_modal_kernel(
+    kernel: torch.Tensor,
+    num_modes: int,
+    method: str = "hankel",
+    direct_term: bool = True,
+    hankel_cols: int | None = None,
+    channel_block: int = 64,
+    refine_steps: int = 300,
+) -> ModalKernel:
+    """Fit each row of ``kernel`` (H, L) with ``num_modes`` complex exponentials (see the module docstring).
+
+    Args:
+        kernel: (H, L) real kernel, one row per channel (e.g. a long-conv ``K`` after Squash/Smooth).
+        num_modes: N, the number of complex modes (state size per channel), ``1 ≤ N ≤ max_modes(L, method=...)``.
+        method: ``"hankel"`` (ESPRIT poles from a rectangular Hankel matrix, least-squares residues: the reference
+            fit), ``"balanced"`` (balanced truncation of the whole Hankel operator, least-squares residues),
+            ``"best"`` (per channel the smallest error of hankel, balanced and the frequency-sampling poles of
+            :func:`_circle_poles`, each with least-squares residues: never worse than any of them) or
+            ``"refined"`` (``"best"``, then its poles refined by gradient descent on the kernel's L2 error,
+            ``refine_steps`` Adam steps; never worse than ``"best"``, channel by channel).
+        direct_term: fit ``K[0]`` with a separate skip ``d`` (default) instead of with the modes.
+        hankel_cols: columns P of the ``"hankel"`` method's matrix (``2N ≤ P ≤ T - 2N - 1``); default
+            ``min(max(4N, 128), 256)`` capped to the length. More columns: more averaging, ``O(M·P²)`` per channel.
+        channel_block: channels fitted together (bounds memory).
+        refine_steps: Adam steps of the ``"refined"`` method.
+
+    Returns:
+        :class:`ModalKernel` on ``kernel.device``, every tensor float32.
+    """
+    _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block)
+    return fit_modal_kernels(kernel, [num_modes], method, direct_term, hankel_cols, channel_block, refine_steps)[0]
+
+
+@float32_math
+def fit_modal_kernels(
+    kernel: torch.Tensor,
+    orders: list[int],
+    method: str = "balanced",
+    direct_term: bool = True,
+    hankel_cols: int | None = None,
+    channel_block: int = 64,
+    refine_steps: int = 300,
+) -> list[ModalKernel]:
+    """:func:`fit_modal_kernel` at several orders at once (one :class:`ModalKernel` per entry of ``orders``).
+
+    The balanced method's Hankel eigendecomposition, the costly part, is computed once for every order.
+    """
+    for order in orders:
+        _check_fit_arguments(kernel, order, method, direct_term, channel_block)
+    start = 1 if direct_term else 0
     k64 = kernel.detach().double()
-    log_modulus = torch.empty(channels, num_modes, dtype=torch.float64, device=kernel.device)
-    phase = torch.empty_like(log_modulus)
-    valid = torch.empty(channels, num_modes, dtype=torch.bool, device=kernel.device)
-    for h0 in range(0, channels, channel_block):
+    taps = k64.shape[-1] - start
+    channel_block = max(1, min(channel_block, _DENSE_ELEMENTS // max(1, taps * taps)))
+    poles = {(m, n): [] for m in ("hankel", "balanced") for n in orders}
+    for h0 in range(0, k64.shape[0], channel_block):
         block = k64[h0 : h0 + channel_block]
-        poles = _esprit_poles(block[:, start:], order, hankel_cols)  # (h, 2N)
-        sl = slice(h0, h0 + channel_block)
-        log_modulus[sl], phase[sl], valid[sl] = _select_modes(poles, block, num_modes, start)
+        basis = _hankel_eigvecs(block[:, start:])[1] if method != "hankel" else None  # (h, T, T)
+        for n in orders:
+            if method != "balanced" and n <= max_modes(k64.shape[-1], direct_term, "hankel"):
+                cols = min(max(4 * n, 128), 256) if hankel_cols is None else hankel_cols
+                cols = max(2 * n, min(cols, taps - 2 * n - 1))
+                poles["hankel", n].append(_select_modes(_esprit_poles(block[:, start:], 2 * n, cols), block, n, start))
+            if basis is not None:
+                poles["balanced", n].append(_select_modes(_balanced_poles(basis, 2 * n), block, n, start))
+    fits = []
+    for n in orders:
+        found = [
+            _finish_fit(k64, *(torch.cat(parts) for parts in zip(*poles[m, n])), direct_term, channel_block)
+            for m in ("hankel", "balanced")
+            if poles[m, n]
+        ]
+        if method in ("best", "refined"):
+            found += [
+                _finish_fit(k64, *_circle_poles(k64.shape[0], n, s, k64.device), direct_term, channel_block)
+                for s in CIRCLE_DECAYS
+            ]
+        best = found[0] if len(found) == 1 else _best_per_channel(*found)
+        if method == "refined":
+            refined = _refine_poles(k64, best, start, refine_steps, channel_block)
+            best = _best_per_channel(best, _finish_fit(k64, *refined, direct_term, channel_block))
+        fits.append(best)
+    return fits
+
+
+def _finish_fit(k64, log_modulus, phase, valid, direct_term: bool, channel_block: int) -> ModalKernel:
+    """Poles rounded to float32, least-squares residues (float64) for exactly those poles, ``d``, honest error.
+
+    ``log_modulus``, ``phase``, ``valid``: (H, N). A channel whose stored fit would be worse than no modes at all
+    (``d`` alone) gets no modes.
+    """
+    channels, length = k64.shape
+    start = 1 if direct_term else 0
     # unused (padding) modes: a harmless pole with zero residue
-    log_modulus = torch.where(valid, log_modulus, math.log(0.5))
-    phase = torch.where(valid, phase, 0.0)
-    # round the poles to their float32 storage, then refit the residues for exactly those poles
-    log_modulus = log_modulus.clamp(max=math.log(MAX_MODULUS)).float()
+    log_modulus = torch.where(valid, log_modulus, math.log(0.5)).clamp(max=math.log(MAX_MODULUS)).float()
     log_modulus = torch.minimum(log_modulus, torch.tensor(math.log(MAX_MODULUS), dtype=torch.float32))
-    phase = phase.float()
-    residues = torch.empty(channels, num_modes, dtype=torch.complex128, device=kernel.device)
+    phase = torch.where(valid, phase, 0.0).float()
+    residues = torch.empty(channels, log_modulus.shape[-1], dtype=torch.complex128, device=k64.device)
     for h0 in range(0, channels, channel_block):
         sl = slice(h0, h0 + channel_block)
         residues[sl] = _fit_residues(k64[sl], log_modulus[sl], phase[sl], valid[sl], start)
@@ -411,8 +606,8 @@ def fit_modal_kernel(
         log_modulus=log_modulus,
         phase=phase,
         residues=torch.stack([residues.real, residues.imag], dim=-1).float(),
-        d=d.float().to(kernel.device),
-        relative_error=torch.zeros(channels, dtype=torch.float32, device=kernel.device),
+        d=d.float().to(k64.device),
+        relative_error=torch.zeros(channels, dtype=torch.float32, device=k64.device),
     )
     fitted = modal_kernel(partial, length).double()
     norm = k64.norm(dim=-1)
@@ -428,6 +623,20 @@ def fit_modal_kernel(
         error = torch.where(worse, no_modes_error, error)
     relative = torch.where(norm > 0, error / norm.clamp(min=1e-300), error)
     return ModalKernel(partial.log_modulus, partial.phase, residues_out, d_out, relative.float())
+
+
+def _best_per_channel(*fits: ModalKernel) -> ModalKernel:
+    """Channel by channel, the fit with the smallest ``relative_error`` (the first on ties)."""
+    best = fits[0]
+    for other in fits[1:]:
+        better = other.relative_error < best.relative_error  # (H,)
+        best = ModalKernel(
+            *(
+                torch.where(better.view(-1, *[1] * (getattr(best, f).dim() - 1)), getattr(other, f), getattr(best, f))
+                for f in best.__dataclass_fields__
+            )
+        )
+    return best
 
 
 @float32_math

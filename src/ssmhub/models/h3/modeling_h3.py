@@ -13,7 +13,7 @@ from torch import nn
 
 from ...layers.attention import CausalSelfAttention
 from ...layers.attention_options import AttentionOptions
-from ...layers.h3 import H3Mixer
+from ...layers.h3 import DistillationReport, H3Mixer
 from ..modeling_recurrent import (
     RecurrentForCausalLM,
     RecurrentForSequenceClassification,
@@ -51,21 +51,8 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
             if isinstance(module, CausalSelfAttention):
                 module.attention_window = attention_window
 
-    @torch.no_grad()
-    def distill_for_decoding(self, num_modes: int) -> dict[str, torch.Tensor]:
-        """Replace every long convolution by a fit with ``num_modes`` complex exponentials per head.
-
-        Each learned kernel (its L_max regularized taps) is fitted in modal form (Hankel/ESPRIT poles,
-        least-squares residues: :func:`ssmhub.ops.modal.fit_modal_kernel`), a diagonal SSM whose decode
-        state is O(num_modes) per channel, independent of the context length. The model then computes
-        with the fitted kernels everywhere (its perplexity is measured as usual), records
-        ``config.decode_num_modes`` and saves and loads like any other.
-
-        Returns: ``{module name: (H,) relative L2 error of each kernel's fit}``.
-
-        Raises:
-            ValueError: ``num_modes`` below 1 or too large for L_max, or a model with no long convolution.
-        """
+    def _long_conv_mixers(self) -> dict[str, H3Mixer]:
+        """Every H3 layer with a learned long convolution, by module name (a ValueError when there is none)."""
         mixers = {
             name: m for name, m in self.named_modules() if isinstance(m, H3Mixer) and m.kernel_type == "long_conv"
         }
@@ -73,11 +60,43 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
             raise ValueError(
                 "this model has no long convolutions to distill (every layer is attention or a diagonal SSM)"
             )
-        if isinstance(num_modes, bool) or not isinstance(num_modes, int) or num_modes < 1:
-            raise ValueError(f"num_modes must be an integer >= 1; got {num_modes!r}")
-        errors = {name: mixer.distill(num_modes) for name, mixer in mixers.items()}
+        return mixers
+
+    @torch.no_grad()
+    def hankel_singular_values(self) -> dict[str, torch.Tensor]:
+        """``{module name: (H, L_max − 1) Hankel singular values of each head's learned kernel, descending}``.
+
+        A head whose values fall below ``tol·‖K‖`` after ``r`` entries needs about ``r/2`` complex modes
+        (:func:`ssmhub.ops.modal.hankel_singular_values`); read them before choosing a budget.
+        """
+        return {name: mixer.hankel_singular_values() for name, mixer in self._long_conv_mixers().items()}
+
+    @torch.no_grad()
+    def distill_for_decoding(
+        self, num_modes: int, tolerance: float | None = None, method: str = "best"
+    ) -> dict[str, DistillationReport]:
+        """Replace every long convolution by a fit with at most ``num_modes`` complex exponentials per head.
+
+        Each learned kernel (its L_max regularized taps) is fitted in modal form
+        (:func:`ssmhub.ops.modal.fit_modal_kernel` with ``method``), a diagonal SSM whose decode state is
+        O(num_modes) per channel, independent of the context length. Without ``tolerance`` every head gets
+        ``num_modes`` modes; with one (relative L2 kernel error in (0, 1)) each head gets the smallest order
+        within the budget that meets it, and a head that no order within the budget fits that well stays exact
+        (decoded with its window of L_max − 1 inputs): error-aware distillation, the order chosen per filter as
+        in LaughingHyena (arXiv 2310.18780, §3.2). The model then computes with these kernels everywhere (its
+        perplexity is measured as usual), records ``config.decode_num_modes`` (the buffers' width; the order
+        and exactness of each head are buffers) and saves and loads like any other.
+
+        Returns: ``{module name: DistillationReport}`` (orders, errors, heads left exact, decode state bytes).
+
+        Raises:
+            ValueError, before any fitting: ``num_modes`` below 1 or above what L_max supports, a tolerance
+            outside (0, 1), an unknown method, or a model with no long convolution.
+        """
+        mixers = self._long_conv_mixers()  # every layer checks the request before it fits (H3Mixer.distill)
+        reports = {name: mixer.distill(num_modes, tolerance, method) for name, mixer in mixers.items()}
         self.config.decode_num_modes = num_modes
-        return errors
+        return reports
 
 
 class H3Model(RecurrentModel, H3PreTrainedModel):
