@@ -166,6 +166,35 @@ def _document_rows(first: str, rest: Iterator[str]) -> Iterator[dict]:
         yield {"text": text}
 
 
+def document_dataset(source: CorpusSource, work: Path, key: str):
+    """The documents of ``source`` as a ``datasets.Dataset`` of ``{"text"}`` rows under ``work``, written a few
+    documents at a time (books of 1 MB+ never all in memory). Raises ValueError for a corpus with no documents."""
+    import datasets
+
+    texts = iter(source.documents())
+    first = next(texts, None)
+    if first is None:
+        raise ValueError(f"corpus {source.name} holds no documents")
+    return datasets.Dataset.from_generator(
+        _document_rows,
+        gen_kwargs={"first": first, "rest": texts},
+        cache_dir=str(work / "documents"),
+        writer_batch_size=8,  # at most 8 documents (books of 1 MB+) in memory at once
+        fingerprint=f"{key}-documents",
+    )
+
+
+def publish_entry(staged: Path, entry: Path, marker: str) -> None:
+    """Move a fully written cache folder into place by one rename; when another process finished the same entry
+    first, keep theirs (a leftover without its completion ``marker`` file is replaced)."""
+    try:
+        staged.rename(entry)
+    except OSError:
+        if not (entry / marker).is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+            staged.rename(entry)
+
+
 def _tokenize_batch(batch: dict, indices: list[int], tokenizer, eos_token_id: int, seq_len: int, packing: str):
     """``datasets.map`` function: token ids per document ("stream") or the document's windows ("document")."""
     ids = encode_documents(tokenizer, batch["text"])  # long books in pieces, bounding peak memory
@@ -193,17 +222,7 @@ def _build(source: CorpusSource, tokenizer, seq_len: int, work: Path, num_proc: 
     # Explicit fingerprints: datasets would otherwise hash the document function and the tokenizer.
 
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"), length=seq_len)})
-    texts = iter(source.documents())
-    first = next(texts, None)
-    if first is None:
-        raise ValueError(f"corpus {source.name} holds no documents")
-    documents = datasets.Dataset.from_generator(
-        _document_rows,
-        gen_kwargs={"first": first, "rest": texts},
-        cache_dir=str(work / "documents"),
-        writer_batch_size=8,  # at most 8 documents (books of 1 MB+) in memory at once
-        fingerprint=f"{key}-documents",
-    )
+    documents = document_dataset(source, work, key)
     # "document" packing (books): one book per map batch, at most ~1M tokens of windows per write.
     by_document = source.packing == "document"
     tokenized = documents.map(
@@ -281,10 +300,5 @@ def cached_token_windows(
                 json.dumps({"source": source.name, "packing": source.packing, "seq_len": seq_len}) + "\n",
                 encoding="utf-8",
             )
-            try:
-                staged.rename(entry)
-            except OSError:  # another process finished the same entry first (or a damaged leftover)
-                if not (entry / _COMPLETE).is_file():
-                    shutil.rmtree(entry, ignore_errors=True)
-                    staged.rename(entry)
+            publish_entry(staged, entry, _COMPLETE)
     return TokenWindows(datasets.load_from_disk(str(entry)), entry)

@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +28,7 @@ import numpy as np
 import torch
 
 from ..tokenization import encode_documents
-from .token_cache import CorpusSource, resolve_cache_dir, tokenizer_fingerprint
+from .token_cache import CorpusSource, document_dataset, publish_entry, resolve_cache_dir, tokenizer_fingerprint
 
 __all__ = ["PackedWindows", "TokenStream", "cached_token_stream", "packed_position_ids"]
 
@@ -101,13 +99,6 @@ def _entry_name(source: CorpusSource, tokenizer) -> str:
     return f"{readable}-stream-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
 
 
-def _document_rows(first: str, rest) -> Iterator[dict]:
-    """``Dataset.from_generator`` rows: the first document (read to check there is one), then the rest."""
-    yield {"text": first}
-    for text in rest:
-        yield {"text": text}
-
-
 def _tokenize_batch(batch: dict, tokenizer, eos_token_id: int) -> dict:
     """``datasets.map`` function: each document's ids followed by eos."""
     return {"input_ids": [[*ids, eos_token_id] for ids in encode_documents(tokenizer, batch["text"])]}
@@ -115,19 +106,7 @@ def _tokenize_batch(batch: dict, tokenizer, eos_token_id: int) -> dict:
 
 def _tokenized_documents(source: CorpusSource, tokenizer, work: Path, num_proc: int | None, key: str):
     """The documents of ``source`` tokenized by ``datasets.map`` into ``work`` (one row per document)."""
-    import datasets
-
-    texts = iter(source.documents())
-    first = next(texts, None)
-    if first is None:
-        raise ValueError(f"corpus {source.name} holds no documents")
-    documents = datasets.Dataset.from_generator(
-        _document_rows,
-        gen_kwargs={"first": first, "rest": texts},
-        cache_dir=str(work / "documents"),
-        writer_batch_size=8,  # at most 8 documents (books of 1 MB+) in memory at once
-        fingerprint=f"{key}-documents",
-    )
+    documents = document_dataset(source, work, key)
     by_book = source.packing == "document"  # long books: one per map batch, bounding memory
     return documents.map(
         _tokenize_batch,
@@ -183,10 +162,5 @@ def cached_token_stream(
             staged = Path(work) / "final"
             _write_stream(_tokenized_documents(source, tokenizer, Path(work), num_proc, entry.name), staged)
             (staged / _COMPLETE).write_text(json.dumps({"source": source.name}) + "\n", encoding="utf-8")
-            try:
-                staged.rename(entry)
-            except OSError:  # another process finished the same entry first (or a damaged leftover)
-                if not (entry / _COMPLETE).is_file():
-                    shutil.rmtree(entry, ignore_errors=True)
-                    staged.rename(entry)
+            publish_entry(staged, entry, _COMPLETE)
     return _load(entry)
