@@ -56,10 +56,6 @@ class CausalSelfAttention(TokenMixer):
         kind = torch.get_default_dtype() if dtype is None else dtype
         return {"key": (shape, kind), "value": (shape, kind), "key_mask": ((batch_size, None), torch.bool)}
 
-    def reset_state(self, state, rows):
-        """A document start: the rows' earlier keys are never attended to again."""
-        return {**state, "key_mask": state["key_mask"] & ~rows[:, None]}
-
     def _forward_documents(self, x, mask, state, return_state, starts):
         """Packed rows natively: one attention call on the whole row with a block-diagonal causal mask (a query
         sees the keys of its own document only), instead of a batch of documents; the oracle is
