@@ -6,15 +6,7 @@ from transformers import PreTrainedConfig
 
 from ..layers.options import MixerOptions, check_choice, check_integer, check_positive
 
-__all__ = [
-    "INIT_SCHEMES",
-    "NORM_TYPES",
-    "POOLINGS",
-    "RecurrentLMConfig",
-    "check_choice",
-    "check_integer",
-    "check_positive",
-]
+__all__ = ["INIT_SCHEMES", "NORM_TYPES", "POOLINGS", "RecurrentLMConfig"]
 
 POOLINGS = ("max", "mean", "last")
 INIT_SCHEMES = ("normal", "pytorch")
