@@ -24,14 +24,18 @@ __all__ = [
 ]
 
 
+MAX_LOG_PERPLEXITY = 700.0  # exp(700) ≈ 1e304: a diverged run reports a huge finite number, not an OverflowError
+
+
 def perplexity(total_nll: float, count: int | None) -> float | None:
     """``exp(total_nll / count)``: token perplexity with ``count`` scored tokens, word perplexity with the
-    text's words (PG-19's convention). NaN when ``count`` is 0, None when it is None (no word count)."""
+    text's words (PG-19's convention); a mean loss is ``perplexity(loss, 1)``. The exponent is capped at
+    :data:`MAX_LOG_PERPLEXITY`. NaN when ``count`` is 0, None when it is None (no word count)."""
     if count is None:
         return None
     if count < 0:
         raise ValueError(f"count must be >= 0; got {count}")
-    return math.exp(total_nll / count) if count else math.nan
+    return math.exp(min(total_nll / count, MAX_LOG_PERPLEXITY)) if count else math.nan
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

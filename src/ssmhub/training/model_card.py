@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 from ..fileio import write_text_atomic
+from ..metrics.functional import perplexity
 
 __all__ = ["HubPushError", "push_folder_to_hub", "render_model_card", "write_model_card"]
 
@@ -149,5 +149,5 @@ def final_metrics(train_loss: float | None, eval_loss: float | None) -> dict:
         metrics["final train loss"] = train_loss
     if eval_loss is not None:
         metrics["validation loss"] = eval_loss
-        metrics["validation perplexity"] = math.exp(min(eval_loss, 700.0))
+        metrics["validation perplexity"] = perplexity(eval_loss, 1)  # eval_loss: mean NLL per token
     return metrics

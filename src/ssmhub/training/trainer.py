@@ -51,6 +51,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ..fileio import write_json_atomic
+from ..metrics.functional import perplexity
 from ..preflight import (
     check_hub_access,
     check_model_config_keys,
@@ -591,7 +592,7 @@ def _log_metrics(setup: _TrainingSetup, progress: _Progress, split: str, loss: f
             "step": progress.step,
             "split": split,
             "loss": loss,
-            "perplexity": math.exp(min(loss, 700.0)),
+            "perplexity": perplexity(loss, 1),  # loss: mean NLL per token
             "lr": lr,
             "tokens_seen": progress.step * setup.tokens_per_step,
             "epoch": progress.epoch,
