@@ -38,6 +38,7 @@ import torch
 from ..command_line import CommandLineParser, json_object
 from ..data.synthetic import SYNTHETIC_TASK_NAMES, fixed_eval_set, get_synthetic_task, r2_score
 from ..fileio import append_jsonl
+from ..metrics.functional import accuracy_counts
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from ..preflight import check_device, check_output_file
 from .run_state import load_run_state, restore_run_state, save_run_state
@@ -182,8 +183,8 @@ def evaluate(model, task, inputs, targets, batch_size: int, device: torch.device
             predictions.append(pred.cpu())
         else:
             _, logits = model(x, y)
-            correct += int((logits.argmax(-1) == y[y != -100]).sum())
-            labelled += int((y != -100).sum())
+            hits, scored = accuracy_counts(logits.argmax(-1), y[y != -100])  # logits of the labelled positions
+            correct, labelled = correct + hits, labelled + scored
     model.train(was_training)
     if task.kind == "regression":
         return {
