@@ -12,7 +12,7 @@ import torch
 
 import ssmhub
 from ssmhub.evaluation import POSITION_BUCKETS, evaluate_perplexity_stateful
-from ssmhub.evaluation.stateful import bucket_name
+from ssmhub.evaluation.scores import bucket_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 from families import FAMILIES
@@ -69,9 +69,12 @@ def test_position_buckets_count_each_scored_token_once():
     assert result.num_documents == 5 and result.num_tokens == sum(length - 1 for length in [2, 4, 5, 30])
     assert math.isclose(sum(b.total_nll for b in result.by_position), result.total_nll, rel_tol=1e-12)
     assert sum(b.num_top5 for b in result.by_position) == result.num_top5
-    windowed = ssmhub.evaluation.evaluate_perplexity(model, docs, max_length=30, stride=30)
+    windowed = ssmhub.evaluation.evaluate_perplexity(model, docs, max_length=30, stride=30, bucket_starts=(0, 4, 16))
     assert windowed.num_tokens == result.num_tokens
     assert math.isclose(windowed.total_nll, result.total_nll, rel_tol=1e-5)
+    for mine, theirs in zip(windowed.by_position, result.by_position):
+        assert (mine.num_tokens, mine.num_documents) == (theirs.num_tokens, theirs.num_documents)
+        assert math.isclose(mine.total_nll, theirs.total_nll, rel_tol=1e-5)
     names = [entry["positions"] for entry in result.to_dict()["by_position"]]
     assert names == ["0-4", "4-16", "16+"]
 

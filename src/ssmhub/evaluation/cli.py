@@ -62,7 +62,8 @@ from ..preflight import check_device, check_output_file, model_config_class
 from ..tokenization import encode_document
 from ..training.checkpoint import CheckpointError
 from ..training.checkpoint_model import checkpoint_tokenizer_dir, is_training_checkpoint, load_checkpoint_model
-from .perplexity import PerplexityResult, evaluate_perplexity, sliding_windows
+from .perplexity import evaluate_perplexity, sliding_windows
+from .scores import POSITION_BUCKETS, PerplexityResult
 from .stateful import evaluate_perplexity_stateful
 
 __all__ = ["build_parser", "main", "run_evaluation", "write_json_atomic"]
@@ -414,7 +415,7 @@ def _format_table(rows: list[dict]) -> str:
 
 
 def _format_positions(buckets: list[dict]) -> str:
-    """The stateful protocol's table by position in the document."""
+    """The table by position in the document (either protocol)."""
     header = ["position in document", "documents", "tokens", "token ppl", "top-1", "top-5"]
     lines = [
         [
@@ -469,14 +470,19 @@ def run_evaluation(argv: Sequence[str] | None = None) -> dict:
         )
     else:
         result = evaluate_perplexity(
-            model, documents, args.max_length, args.stride, batch_size=args.batch_size, progress=args.progress
+            model,
+            documents,
+            args.max_length,
+            args.stride,
+            batch_size=args.batch_size,
+            progress=args.progress,
+            bucket_starts=POSITION_BUCKETS,
         )
     result.num_words = documents.num_words
     row = {"dataset": args.dataset, "split": args.split, **_json_safe(result.to_dict())}
     print(_protocol_line(args))
     print(_format_table([row]))
-    if args.stateful:
-        print(_format_positions(row["by_position"]))
+    print(_format_positions(row["by_position"]))
     payload = {
         "model": args.model,
         "tokenizer": args.tokenizer,

@@ -21,75 +21,14 @@ Where the model's ``forward`` takes ``logits_to_keep``, only the logits of score
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
 
 import torch
 from tqdm.auto import tqdm
 
-from ..metrics.functional import perplexity, token_nll, top_k_ids
+from .scores import PerplexityResult, PositionPerplexityResult, token_scores
 
 __all__ = ["PerplexityResult", "evaluate_perplexity", "sliding_windows", "token_scores"]
-
-
-@dataclass
-class PerplexityResult:
-    """Sums over all scored tokens, and the metrics they give.
-
-    Attributes:
-        total_nll: summed negative log-likelihood of the scored tokens, in nats.
-        num_tokens: number of scored (predicted) tokens.
-        num_top1: scored tokens whose target is the model's argmax.
-        num_top5: scored tokens whose target is among the model's 5 most likely tokens.
-        num_documents: documents evaluated.
-        num_words: words of the evaluated text (when given), for word-level perplexity.
-    """
-
-    total_nll: float = 0.0
-    num_tokens: int = 0
-    num_top1: int = 0
-    num_top5: int = 0
-    num_documents: int = 0
-    num_words: int | None = None
-
-    @property
-    def nll_per_token(self) -> float:
-        """Mean NLL per scored token (nats); NaN when nothing was scored."""
-        return self.total_nll / self.num_tokens if self.num_tokens else math.nan
-
-    @property
-    def token_perplexity(self) -> float:
-        """``exp(total_nll / num_tokens)``."""
-        return perplexity(self.total_nll, self.num_tokens)
-
-    @property
-    def word_perplexity(self) -> float | None:
-        """``exp(total_nll / num_words)``, or None when no word count was given."""
-        return perplexity(self.total_nll, self.num_words) if self.num_words else None
-
-    @property
-    def top1_accuracy(self) -> float:
-        return self.num_top1 / self.num_tokens if self.num_tokens else math.nan
-
-    @property
-    def top5_accuracy(self) -> float:
-        return self.num_top5 / self.num_tokens if self.num_tokens else math.nan
-
-    def add_scores(self, nll: torch.Tensor, top1: torch.Tensor, top5: torch.Tensor) -> None:
-        """Add the per-token scores of :func:`token_scores` (float64 NLL, bool hits) to the sums."""
-        self.total_nll += nll.sum().item()
-        self.num_tokens += nll.numel()
-        self.num_top1 += int(top1.sum())
-        self.num_top5 += int(top5.sum())
-
-    def to_dict(self) -> dict:
-        """The sums and the derived metrics, JSON-ready."""
-        metrics = {
-            name: getattr(self, name)
-            for name in ("nll_per_token", "token_perplexity", "word_perplexity", "top1_accuracy", "top5_accuracy")
-        }
-        return {**asdict(self), **metrics}
 
 
 def sliding_windows(length: int, max_length: int, stride: int) -> list[tuple[int, int, int]]:
@@ -143,16 +82,7 @@ def _score_batch(model, ids: torch.Tensor, batch: list[tuple[int, int, int]], re
     offset = length - logits.shape[1]  # position of logits[:, 0] in the window
     for row, (begin, end, first_scored) in enumerate(batch):
         scored_logits = logits[row, first_scored - begin - 1 - offset : end - begin - 1 - offset]  # (T, V)
-        result.add_scores(*token_scores(scored_logits, ids[first_scored:end].to(device)))
-
-
-def token_scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per scored token: its NLL in nats (float64, from a float32 log-softmax of ``logits``), whether it is the
-    argmax, and whether it is among the 5 most likely tokens (the math of :mod:`ssmhub.metrics.functional`).
-    ``logits`` (T, V) predict ``targets`` (T,)."""
-    nll = token_nll(logits, targets).double()  # (T,)
-    hits = top_k_ids(logits, 5) == targets[:, None]  # (T, k)
-    return nll, hits[:, 0], hits.any(dim=-1)
+        result.add_window(scored_logits, ids[first_scored:end].to(device), first_position=first_scored)
 
 
 @torch.inference_mode()
@@ -164,6 +94,7 @@ def evaluate_perplexity(
     num_words: int | None = None,
     batch_size: int = 1,
     progress: bool = False,
+    bucket_starts: Sequence[int] | None = None,
 ) -> PerplexityResult:
     """Score ``documents`` with the sliding-window protocol (see the module docstring).
 
@@ -177,16 +108,22 @@ def evaluate_perplexity(
             :func:`ssmhub.data.pg19_word_count` of the books).
         batch_size: equal-length windows of one document run through the model together.
         progress: show a progress bar over documents.
+        bucket_starts: also sum by the token's position in its document, in buckets starting at these
+            positions (e.g. :data:`~ssmhub.evaluation.POSITION_BUCKETS`); the result is then a
+            :class:`~ssmhub.evaluation.PositionPerplexityResult`, comparable with the stateful protocol's.
     """
     stride = max_length if stride is None else stride
     sliding_windows(0, max_length, stride)  # validates max_length and stride before any work
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive; got {batch_size}")
     model.eval()
-    result = PerplexityResult(num_words=num_words)
+    if bucket_starts is None:
+        result = PerplexityResult(num_words=num_words)
+    else:
+        result = PositionPerplexityResult(num_words=num_words, bucket_starts=tuple(bucket_starts))
     for document in tqdm(documents, desc="documents", unit="doc", disable=not progress):
         ids = torch.as_tensor(document, dtype=torch.long).flatten()
         for batch in _batches(sliding_windows(len(ids), max_length, stride), batch_size):
             _score_batch(model, ids, batch, result)
-        result.num_documents += 1
+        result.count_document(len(ids))
     return result
