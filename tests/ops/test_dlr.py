@@ -100,16 +100,18 @@ def test_kernel_accurate_at_one_million_taps():
     assert (fp32_phase.double() - torch.remainder(log_im.double()[:, None] * ks, 2 * math.pi)).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("readout", ["real", "half_imag"])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_scan_matches_recurrence(with_state):
+def test_scan_matches_recurrence(with_state, readout):
     log_re, log_im, weight = _params()
     log_modulus, phase, w = _modal(log_re, log_im, weight)
     gen = torch.Generator().manual_seed(3)
     u = torch.randn(2, 3, 50, generator=gen)
     state = torch.randn(2, 3, 16, 2, generator=gen) if with_state else None
     state = torch.view_as_complex(state) if with_state else None
-    y, final = dlr_scan(u, log_modulus, phase, w, initial_state=state, return_final_state=True)
-    y_ref, final_ref = dlr_scan_ref(u, log_modulus, phase, w, initial_state=state, return_final_state=True)
+    u = u.mT.contiguous().mT  # the (B, H, L) view of a (B, L, H) tensor, as a mixer passes it
+    y, final = dlr_scan(u, log_modulus, phase, w, readout=readout, initial_state=state, return_final_state=True)
+    y_ref, final_ref = dlr_scan_ref(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
     torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(final, final_ref, atol=1e-4, rtol=1e-4)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from fftconv_helpers import assert_fp32_conv_under_autocast
 
-from ssmhub.ops.fftconv import fft_conv, fft_conv_ref, fft_size, smooth_fft_size
+from ssmhub.ops.fftconv import fft_conv, fft_conv_tail, fft_conv_ref, fft_size, smooth_fft_size
 
 LENGTHS = [1, 2, 7, 16, 100, 257, 1024]
 
@@ -87,3 +87,23 @@ def test_fp32_under_autocast():
 def test_bad_shapes_raise(u_shape, k_shape, message):
     with pytest.raises(ValueError, match=message):
         fft_conv(torch.zeros(u_shape), torch.zeros(k_shape))
+
+
+@pytest.mark.parametrize(
+    ("past", "seq_len", "kernel_len"),
+    [(15, 16, 16), (3, 16, 16), (0, 5, 9), (40, 7, 12), (31, 1, 32), (8, 33, 50)],  # K − 1 above, at, below M
+)
+def test_continued_convolution_is_the_tail_of_the_whole_one(past, seq_len, kernel_len):
+    """Overlap-save (a circular FFT of L + max(M, K − 1) points) gives the last L outputs of the linear
+    convolution of [history, u], and their gradients, against the dense Toeplitz reference in float64."""
+    gen = torch.Generator().manual_seed(past + seq_len)
+    history = torch.randn(2, 3, past, generator=gen, dtype=torch.float64).requires_grad_()
+    u = torch.randn(2, 3, seq_len, generator=gen, dtype=torch.float64).requires_grad_()
+    kernel = torch.randn(3, kernel_len, generator=gen, dtype=torch.float64).requires_grad_()
+    weights = torch.randn(2, 3, seq_len, generator=gen, dtype=torch.float64)
+    fast = fft_conv_tail(torch.cat([history, u], -1).float(), kernel.float(), seq_len)
+    exact = fft_conv_ref(torch.cat([history, u], -1), kernel)[..., past:]
+    torch.testing.assert_close(fast.double(), exact, atol=1e-4, rtol=1e-4)
+    grads = [torch.autograd.grad((y * weights).sum(), [history, u, kernel]) for y in (fast.double(), exact)]
+    for mine, theirs in zip(*grads):
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)

@@ -117,6 +117,15 @@ def _chunks(length: int, state_size: int) -> list[tuple[int, int]]:
     return [(s, min(step, length - s)) for s in range(0, length, step)]
 
 
+def _carried_rows(z: torch.Tensor, readout: str) -> torch.Tensor:
+    """Rows (..., 2N) that take ``[Re P; Im P]`` to ``readout(z P)`` for complex ``z`` (..., N)."""
+    if readout == "real":
+        return torch.cat([z.real, -z.imag], dim=-1)
+    if readout == "half_imag":
+        return 0.5 * torch.cat([z.imag, z.real], dim=-1)
+    raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
+
+
 def _readout_weights(w_re: torch.Tensor, w_im: torch.Tensor, product: bool) -> torch.Tensor:
     """Rows that take ``[Re P; Im P]`` to ``Re(W P)`` (H, 2N), and for the product kernel also to ``Im(W P)``."""
     real_rows = torch.cat([w_re, -w_im], dim=-1)  # (H, 2N)
@@ -290,18 +299,23 @@ def dlr_scan(
             [_readout(w @ lambda_powers(log_modulus, phase, start, size), readout) for start, size in chunks], dim=-1
         )  # (H, L)
     y = fft_conv(u, kernel)  # (B, H, L)
+    fine = _fine_powers(log_modulus, phase, seq_len + 1) if initial_state is not None or return_final_state else None
     if initial_state is not None:
-        # y_k += readout(Σ_n w_hn Λ_n^{k+1} x_{-1,n}), from unrolling Eq. 1 back to x_{-1}
-        carried = [(w * initial_state) @ lambda_powers(log_modulus, phase, start + 1, size) for start, size in chunks]
-        y = y + _readout(torch.cat(carried, dim=-1), readout)  # (B, H, L)
+        # y_k += readout(Σ_n w_hn Λ_n^{k+1} x_{-1,n}), from unrolling Eq. 1 back to x_{-1}: one real matmul per
+        # block, the readout's rows of w ⊙ x_{-1} (B, H, 2N) times [Re P; Im P] (2N, C)
+        rows = _carried_rows(w * initial_state, readout)
+        carried = [rows @ _vandermonde_planes(log_modulus, phase, start + 1, size, fine) for start, size in chunks]
+        y = y + torch.cat(carried, dim=-1)  # (B, H, L)
     final_state = None
     if return_final_state:
-        # x_{L-1} = Λ^L x_{-1} + Σ_j Λ^{L-1-j} u_j  (Eq. 3), summed over blocks of j
-        final_state = 0
+        # x_{L-1} = Λ^L x_{-1} + Σ_j Λ^{L-1-j} u_j  (Eq. 3), summed over blocks of j: one real GEMM per block,
+        # [Re; Im] of its powers (2N, C) times the block's u as (B, C, H) (the layout a mixer's (B, L, H) input has)
+        num_modes = log_modulus.shape[-1]
+        summed = 0
         for start, size in chunks:
-            powers = lambda_powers(log_modulus, phase, seq_len - start - size, size).flip(-1)  # (N, C): Λ^{L-1-j}
-            u_block = u[..., start : start + size]  # (B, H, C)
-            final_state = final_state + torch.complex(u_block @ powers.real.mT, u_block @ powers.imag.mT)  # (B, H, N)
+            planes = _vandermonde_planes(log_modulus, phase, seq_len - start - size, size, fine).flip(-1)  # Λ^{L-1-j}
+            summed = summed + planes @ u[..., start : start + size].mT  # (B, 2N, H)
+        final_state = torch.complex(summed[:, :num_modes], summed[:, num_modes:]).mT  # (B, H, N)
         if initial_state is not None:
             final_state = final_state + lambda_powers(log_modulus, phase, seq_len, 1)[..., 0] * initial_state
     return y, final_state

@@ -36,6 +36,7 @@ __all__ = [
     "BackendFallbackWarning",
     "conv_circulant",
     "fft_conv",
+    "fft_conv_tail",
     "fft_conv_ref",
     "fft_size",
     "smooth_fft_size",
@@ -161,6 +162,28 @@ def fft_conv(
     n = smooth_fft_size(seq_len + longest)  # >= L + K - 1: no circular wrap-around onto real outputs
     circulant = conv_circulant(kernel, kernel_backward, n)  # (H, n)
     return _CirculantConv.apply(u.float(), circulant).to(u.dtype)
+
+
+def fft_conv_tail(stream: torch.Tensor, kernel: torch.Tensor, num_outputs: int) -> torch.Tensor:
+    """The last ``num_outputs`` outputs of the causal convolution ``fft_conv(stream, kernel)``, by overlap-save.
+
+    A stream that continues from M earlier inputs (a window of history, then L = ``num_outputs`` new ones)
+    needs only the outputs at the new ones. A circular convolution of ``n >= L + max(M, K − 1)`` points is
+    exact there (the wrap-around lands only on the M discarded positions), against ``n >= M + L + K − 1``
+    for the whole linear convolution: L = K new tokens after an M = K − 1 history cost an FFT of 2K points,
+    not 3K (what stateful evaluation of a long convolution pays per window).
+
+    Args: stream (..., H, M + L); kernel (H, K); num_outputs: L, 1 <= L <= M + L.
+    Returns: (..., H, L) float32 (torch.fft).
+    """
+    check_conv_args(stream, kernel, None)
+    total = stream.shape[-1]
+    if not 1 <= num_outputs <= total:
+        raise ValueError(f"num_outputs must be in [1, {total}] (the stream's length); got {num_outputs}")
+    past = total - num_outputs
+    kernel = kernel[:, :total]
+    n = smooth_fft_size(num_outputs + max(past, kernel.shape[-1] - 1))
+    return _CirculantConv.apply(stream.float(), conv_circulant(kernel, None, n))[..., past:]
 
 
 class _CirculantConv(torch.autograd.Function):

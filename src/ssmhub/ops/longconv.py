@@ -38,7 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .fftconv import fft_conv
+from .fftconv import fft_conv, fft_conv_tail
 from .precision import float32_math
 
 __all__ = [
@@ -300,10 +300,12 @@ def causal_conv(
         if return_final_state and state_length is None:
             raise ValueError("state_length is required with return_final_state when there is no initial_state")
         history = None
+    stream = None if history is None else torch.cat([history, u], dim=-1)  # (..., H, M + L)
     if history is not None and history.shape[-1] > 0:
-        stream = torch.cat([history, u], dim=-1)  # (..., H, M + L)
-        y = fft_conv(stream, kernel.float(), backend=backend, block_size=block_size)  # (..., H, M + L)
-        y = y[..., history.shape[-1] :]  # (..., H, L)
+        if backend == "torch":
+            y = fft_conv_tail(stream, kernel.float(), u.shape[-1])  # (..., H, L), overlap-save
+        else:
+            y = fft_conv(stream, kernel.float(), backend=backend, block_size=block_size)[..., history.shape[-1] :]
     else:
         y = fft_conv(u, kernel.float(), backend=backend, block_size=block_size)  # (..., H, L)
     if skip is not None:
@@ -311,9 +313,9 @@ def causal_conv(
     if not return_final_state:
         return y, None
     window = history.shape[-1] if history is not None else state_length
-    if history is None:
-        history = u.new_zeros(*u.shape[:-1], window)
-    stream = torch.cat([history, u], dim=-1)
+    if stream is None:  # no history: zeros before u, where u is shorter than the window
+        missing = max(0, window - u.shape[-1])
+        stream = torch.cat([u.new_zeros(*u.shape[:-1], missing), u], dim=-1) if missing else u
     final = stream[..., stream.shape[-1] - window :]  # (..., H, M); M = 0 gives an empty window
     return y, final.contiguous()
 
