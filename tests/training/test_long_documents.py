@@ -191,3 +191,33 @@ def test_a_stateful_resume_with_another_batch_size_is_refused_before_any_work(ti
 def test_packing_and_stateful_together_are_refused_by_name():
     with pytest.raises(ValueError, match="packing and stateful exclude each other"):
         TrainConfig(packing=True, stateful=True)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "model_config", "says"),
+    [
+        ("gpt2", {"n_embd": 16, "n_layer": 1, "n_head": 2}, r"--stateful needs an ssmhub recurrent model .* 'gpt2'"),
+        (
+            "h3",
+            {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "attention_layers": [1]},
+            r"attention layers \[1\].*attention_window",
+        ),
+    ],
+    ids=["gpt2", "hybrid-without-window"],
+)
+def test_stateful_training_refuses_a_model_whose_cache_grows(tiny_data_dir, tmp_path, model_type, model_config, says):
+    """A cache that keeps every key and value of a book cannot be carried window to window: refused by name,
+    before any data is read or anything written."""
+    out = tmp_path / "run"
+    args = tiny_args(tiny_data_dir, out, stateful=None, model_type=model_type, model_config=json.dumps(model_config))
+    with pytest.raises(ValueError, match=says):
+        train(config_from_args(args))
+    assert not out.exists()
+
+
+def test_a_hybrid_with_a_sliding_window_trains_statefully(tiny_data_dir, tmp_path):
+    config = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "attention_layers": [1]}
+    config["attention_window"] = 8
+    main(tiny_args(tiny_data_dir, tmp_path / "run", stateful=None, max_steps=2, model_type="h3",
+                   model_config=json.dumps(config)))  # fmt: skip
+    assert losses(tmp_path / "run")
