@@ -4,7 +4,7 @@ import pytest
 import torch
 from fftconv_helpers import assert_fp32_conv_under_autocast
 
-from ssmhub.ops.fftconv import fft_conv, fft_conv_tail, fft_conv_ref, fft_size, smooth_fft_size
+from ssmhub.ops.fftconv import fft_conv, fft_conv_ref, fft_conv_tail, fft_size, smooth_fft_size
 
 LENGTHS = [1, 2, 7, 16, 100, 257, 1024]
 

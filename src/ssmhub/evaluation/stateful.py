@@ -30,6 +30,7 @@ from .scores import POSITION_BUCKETS, PositionPerplexityResult
 
 __all__ = ["evaluate_perplexity_stateful"]
 
+
 def _score_document(model, ids: torch.Tensor, max_length: int, result: PositionPerplexityResult) -> None:
     """Run one document through ``model`` in windows of ``max_length`` inputs, the cache carried from each
     window to the next; the inputs are tokens 0..n-2, each predicting the next (so every target is scored

@@ -36,8 +36,8 @@ __all__ = [
     "BackendFallbackWarning",
     "conv_circulant",
     "fft_conv",
-    "fft_conv_tail",
     "fft_conv_ref",
+    "fft_conv_tail",
     "fft_size",
     "smooth_fft_size",
 ]

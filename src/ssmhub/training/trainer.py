@@ -411,7 +411,7 @@ def _check_stateful_model(model_config) -> None:
         raise ValueError(
             f"--stateful: the model has attention layers {attention_layers}, whose cache would keep every key and "
             'value of a book; set a sliding window in --model_config (e.g. {"attention_window": SEQ_LEN}: each '
-            "token attends to its last W tokens) or drop the attention layers (\"attention_layers\": [])"
+            'token attends to its last W tokens) or drop the attention layers ("attention_layers": [])'
         )
 
 
