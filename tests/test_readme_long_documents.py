@@ -1,4 +1,5 @@
-"""The README's "Long documents" snippet of a truncated-BPTT loop by hand runs as written, and truncates."""
+"""The README's "Long documents" snippets run as written: packed rows with transformers' Trainer and collator, and
+a truncated-BPTT loop by hand (which truncates)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,11 @@ def test_the_tbptt_snippet_runs_as_written():
     cache = namespace["cache"]
     assert cache.get_seq_length() == 4 * 64
     assert all(not t.requires_grad for layer in cache.layers for t in layer.values())
+
+
+def test_the_packed_trainer_snippet_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # it writes runs/packed-demo
+    namespace: dict = {}
+    exec(compile(_snippet_with("DataCollatorWithFlattening()"), "README.md", "exec"), namespace)
+    assert namespace["trainer"].state.global_step == 2
+    assert (tmp_path / "runs" / "packed-demo").is_dir()
