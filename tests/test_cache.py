@@ -41,11 +41,24 @@ def test_needs_a_layer():
         RecurrentCache(0)
 
 
-def _recording_forward(cache, states, grow=False):
-    """What a recording forward hands the cache: per layer the states after each new token (a counter)."""
-    history = [{"s": torch.full((1, 2), float(v)), **({"k": torch.zeros(1, v)} if grow else {})} for v in states]
-    cache.update(0, history[-1], history=history)
-    cache.advance(len(states))
+def _toy_layer(cache, inputs, mask, grow=False):
+    """A one-layer model whose state after a token is that token's input (B, 2), plus, with ``grow``, a field
+    that gains one column per token (like attention keys); it is its own replay."""
+    state = cache.get(0)
+    new = {"s": inputs[:, -1].clone()}
+    if grow:
+        before = state["k"] if state else inputs.new_zeros(inputs.shape[0], 0)
+        new["k"] = torch.cat([before, inputs.new_ones(inputs.shape[0], inputs.shape[1])], dim=1)
+    cache.update(0, new)
+
+
+def _forward(cache, values, grow=False, rows=1):
+    """A recording forward of tokens whose inputs are ``values``."""
+    inputs = torch.tensor(values, dtype=torch.float32).view(1, -1, 1).expand(rows, -1, 2)  # (B, L, 2)
+    replay = (lambda c, x, m: _toy_layer(c, x, m, grow=True)) if grow else _toy_layer
+    cache.begin_record(inputs, None, replay)
+    replay(cache, inputs, None)
+    cache.advance(len(values))
 
 
 def test_crop_returns_to_any_recorded_state_and_drops_the_rest():
@@ -53,33 +66,49 @@ def test_crop_returns_to_any_recorded_state_and_drops_the_rest():
     cache.update(0, {"s": torch.zeros(1, 2)})
     cache.advance(3)
     cache.activate_past_recording()
-    _recording_forward(cache, [4, 5, 6])
+    _forward(cache, [4, 5, 6])
     assert cache.rollback_lengths() == [3, 4, 5, 6] and cache.snapshot_bytes() > 0
-    cache.crop(-2)
+    cache.crop(-2)  # the state before the forward, then its first input replayed
     assert cache.get_seq_length() == 4 and cache.get(0)["s"].eq(4).all() and cache.rollback_lengths() == [4]
-    _recording_forward(cache, [5, 6])
+    _forward(cache, [5, 6])
     cache.crop(5)  # the older convention: the number of tokens to keep
     assert cache.get(0)["s"].eq(5).all() and cache.get_seq_length() == 5
     cache.crop(0)  # transformers 5.24 calls this after every verification: nothing removed
-    assert cache.get_seq_length() == 5
+    assert cache.get_seq_length() == 5 and cache.snapshot_bytes() == 0
+
+
+def test_a_crop_reaches_back_across_several_recorded_forwards():
+    """An assistant drafts one token per forward; a crop then goes back several of them."""
+    cache = RecurrentCache(1)
+    cache.update(0, {"s": torch.zeros(1, 2)})
+    cache.advance(3)
+    cache.activate_past_recording()
+    for value in (4, 5, 6):
+        _forward(cache, [value])
+    assert cache.rollback_lengths() == [3, 4, 5, 6]
+    cache.crop(-2)
+    assert cache.get(0)["s"].eq(4).all() and cache.get_seq_length() == 4
 
 
 def test_growing_fields_are_cut_not_copied():
     cache = RecurrentCache(1)
     cache.activate_past_recording()
-    _recording_forward(cache, [1, 2, 3], grow=True)
-    assert cache.snapshot_bytes() == 2 * 8  # the fixed field after tokens 1 and 2 (the incoming state was None)
+    _forward(cache, [1, 2, 3], grow=True)
+    assert cache.snapshot_bytes() == 3 * 2 * 4  # the inputs only: the incoming state was None
     cache.crop(-1)
+    assert cache.get(0)["k"].shape == (1, 2) and cache.get(0)["s"].eq(2).all()
+    _forward(cache, [7, 8], grow=True)
+    assert cache.snapshot_bytes() == 2 * 4 + 2 * 2 * 4  # "s" copied, "k" kept as a prefix length; the inputs
+    cache.crop(-2)
     assert cache.get(0)["k"].shape == (1, 2) and cache.get(0)["s"].eq(2).all()
 
 
-def test_snapshots_survive_in_place_updates_and_follow_beam_reordering():
+def test_records_survive_in_place_updates_and_follow_beam_reordering():
     cache = RecurrentCache(1)
     cache.update(0, {"s": torch.tensor([[1.0, 1.0], [2.0, 2.0]])})
     cache.advance(1)
     cache.activate_past_recording()
-    cache.update(0, {"s": torch.full((2, 2), 9.0)}, history=[{"s": torch.full((2, 2), 9.0)}])
-    cache.advance(1)
+    _forward(cache, [9], rows=2)
     cache.reorder_cache(torch.tensor([1, 1]))
     cache.crop(-1)
     assert cache.get(0)["s"][:, 0].tolist() == [2.0, 2.0]
@@ -100,9 +129,9 @@ def test_crop_without_recording_says_how_to_record():
     cache.advance(3)
     with pytest.raises(ValueError, match=r"tokens_to_remove=-1.*activate_past_recording"):
         cache.crop(-1)
-    assert cache.states_to_record(5, 5) == 0  # ordinary forwards hand over no history
-    with pytest.raises(ValueError, match="history"):
-        cache.update(0, {"s": torch.zeros(1, 2)}, history=[{"s": torch.zeros(1, 2)}])
+    assert cache.states_to_record(5, 5) == 0  # ordinary forwards record nothing
+    with pytest.raises(ValueError, match="activate_past_recording"):
+        cache.begin_record(torch.zeros(1, 2, 2), None, _toy_layer)
 
 
 def test_fork_is_independent():

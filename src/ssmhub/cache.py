@@ -16,12 +16,14 @@ assisted and prompt-lookup decoding ``activate_past_recording``, ``is_croppable`
 not depend on the internals of transformers' ``Cache`` classes, which changed five times in two years.
 
 Exact rollback. A recurrent state cannot be rewound, so while recording (:meth:`RecurrentCache.
-activate_past_recording`, which transformers' assisted decoding calls) a forward hands the cache the states
-after each of its last few positions (the mixers' ``forward_with_history``); :meth:`RecurrentCache.crop` then
-puts back the state after any of them, bit for bit. Those snapshots live until the next ``crop``; without
-recording a forward hands over nothing and the cache keeps nothing. A field that grows with the tokens
-(attention's keys, values and key mask) is not copied: keys are only ever appended, so its snapshot is the
-length of a prefix of the final tensor.
+activate_past_recording`, which transformers' assisted decoding calls) a forward files a record with the cache:
+each layer's state before it and the forward's first-layer inputs (B, L, H). The forward itself is an ordinary
+parallel one, so checking k draft tokens costs one forward, not k steps. :meth:`RecurrentCache.crop` to the
+state after j of its tokens puts back the states before it and replays its first j inputs through the layers,
+one ordinary forward: the cache then holds exactly the bits of a cache that was fed only those j tokens. The
+records live until the next ``crop``; without recording a forward files nothing and the cache keeps nothing. A
+field that grows with the tokens (attention's keys, values and key mask) is not copied: keys are only ever
+appended, so its snapshot is the length of a prefix of the live tensor.
 
 Persistence and forks: :meth:`RecurrentCache.save` / :meth:`RecurrentCache.load` (a prefilled prompt kept
 on disk, :mod:`ssmhub.cache_files`) and :meth:`RecurrentCache.fork` (an independent copy).
@@ -30,6 +32,7 @@ on disk, :mod:`ssmhub.cache_files`) and :meth:`RecurrentCache.fork` (an independ
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -46,6 +49,23 @@ class _Prefix(NamedTuple):
 
     dim: int
     length: int
+
+
+class _Record(NamedTuple):
+    """What a recording forward leaves so that :meth:`RecurrentCache.crop` can return to the state after any
+    of its tokens: the tokens absorbed before it, each layer's state then (:func:`_snapshot`), its first-layer
+    inputs (B, L, H) and mask (B, L) or None, and ``replay(cache, inputs, mask)``, which runs the model's
+    layers on inputs from the cache's states and updates them (the model's ``replay_layers``)."""
+
+    start: int
+    incoming: list[dict | None]
+    inputs: torch.Tensor
+    mask: torch.Tensor | None
+    replay: Callable
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.inputs.shape[1]
 
 
 def _snapshot(state: LayerState | None, final: LayerState) -> dict | None:
@@ -90,8 +110,9 @@ class RecurrentCache:
         self.layers: list[dict[str, torch.Tensor] | None] = [None] * num_layers
         self.seen_tokens = 0
         self.record_past = False
-        self._snapshots: dict[int, list[dict | None]] = {}  # tokens absorbed -> per layer, the state then
-        self._pending: list[list[dict | None]] = []  # per layer, this forward's snapshots, oldest first
+        self._records: list[_Record] = []  # the recording forwards since the last crop, oldest first
+        self._recording: tuple | None = None  # (inputs, mask, replay) of the recording forward under way
+        self._incoming: list[dict | None] = []  # per layer, its state before the recording forward
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -110,22 +131,16 @@ class RecurrentCache:
     def has_previous_state(self, layer_idx: int = 0) -> bool:
         return self.layers[layer_idx] is not None
 
-    def update(self, layer_idx: int, state: LayerState, history: list[LayerState] | None = None) -> None:
+    def update(self, layer_idx: int, state: LayerState) -> None:
         """Store a layer's new state, in place when the shapes allow (the buffers keep their address).
 
         A state that carries gradients (a training forward) is stored as it is, graph included: writing it
         into the old buffers would both cut the graph and overwrite a tensor the backward pass still needs
-        (the old state, saved by the forward that read it). :meth:`detach_` cuts the graph later.
-
-        ``history`` (recording forwards only): the states after each of the forward's last ``len(history)``
-        positions, oldest first, the last being ``state`` (``TokenMixer.forward_with_history``). The states
-        before the last, and the state the layer had before the forward, become snapshots at :meth:`advance`.
+        (the old state, saved by the forward that read it). :meth:`detach_` cuts the graph later. During a
+        recording forward (:meth:`begin_record`) the layer's state before it is kept first.
         """
-        if history is not None:
-            if not self.record_past:
-                raise ValueError("history is only kept by a recording cache; call activate_past_recording() first")
-            incoming = _snapshot(self.layers[layer_idx], state)
-            self._pending.append([incoming] + [_snapshot(past, state) for past in history[:-1]])
+        if self._recording is not None:
+            self._incoming.append(_snapshot(self.layers[layer_idx], state))
         if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in state.values()):
             self.layers[layer_idx] = dict(state)
             return
@@ -139,21 +154,28 @@ class RecurrentCache:
             else:  # e.g. the key/value cache of an attention layer grows
                 current[name] = tensor.detach().clone()
 
+    def begin_record(self, inputs: torch.Tensor, mask: torch.Tensor | None, replay: Callable) -> None:
+        """Announce a recording forward of ``inputs`` (B, L, H), the first layer's inputs, and ``mask`` (B, L) or
+        None: each layer's :meth:`update` keeps its state before the forward, and :meth:`advance` files them
+        with the inputs as a record that :meth:`crop` can replay (``replay(cache, inputs, mask)``)."""
+        if not self.record_past:
+            raise ValueError("only a recording cache keeps records; call activate_past_recording() first")
+        self._recording = (inputs.detach(), None if mask is None else mask.detach(), replay)
+        self._incoming = []
+
     def advance(self, num_tokens: int) -> None:
         """Record that a forward pass absorbed ``num_tokens`` more tokens into every layer (and, after a
-        recording forward, file its snapshots under the number of tokens absorbed when each was taken)."""
-        if self._pending:
-            if len(self._pending) != len(self.layers):
+        recording forward, file its record)."""
+        if self._recording is not None:
+            inputs, mask, replay = self._recording
+            self._recording = None
+            if len(self._incoming) != len(self.layers) or inputs.shape[1] != num_tokens:
                 raise ValueError(
-                    f"a recording forward must hand every layer's history to update(); got {len(self._pending)} "
-                    f"of {len(self.layers)} layers"
+                    f"a recording forward must update every layer once and advance by its {inputs.shape[1]} "
+                    f"tokens; got {len(self._incoming)} of {len(self.layers)} layers and {num_tokens} tokens"
                 )
-            count = len(self._pending[0])  # len(history): the incoming state + the states before the last
-            after = [self.seen_tokens + num_tokens - count + 1 + i for i in range(count - 1)]
-            for index, position in enumerate([self.seen_tokens, *after]):
-                if index or count == num_tokens:  # the incoming state only where the history reaches back to it
-                    self._snapshots[position] = [layer[index] for layer in self._pending]
-            self._pending = []
+            self._records.append(_Record(self.seen_tokens, self._incoming, inputs, mask, replay))
+            self._incoming = []
         self.seen_tokens += num_tokens
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -188,16 +210,17 @@ class RecurrentCache:
         self.record_past = True
 
     def deactivate_past_recording(self) -> None:
-        """Stop recording and drop every snapshot (ordinary decoding keeps none)."""
+        """Stop recording and drop every record (ordinary decoding keeps none)."""
         self.record_past = False
-        self._snapshots.clear()
-        self._pending = []
+        self._drop_records()
+
+    def _drop_records(self) -> None:
+        self._records, self._recording, self._incoming = [], None, []
 
     def states_to_record(self, num_tokens: int, rollback: int) -> int:
-        """How many of a forward's ``num_tokens`` new tokens must hand their states to :meth:`update` (each
-        block's history) so that a crop can then remove up to ``rollback`` of them: 0 unless recording, so
-        ordinary forwards pay nothing. With the state before them (which the cache holds), the states after
-        the last ``rollback`` tokens cover every count a crop can return to."""
+        """How many of a forward's ``num_tokens`` new tokens a crop may remove afterwards (its last ``rollback``):
+        0 unless recording, so ordinary forwards pay nothing. The model records them (:meth:`begin_record`), or
+        the whole forward where the tokens before them are few."""
         if not self.record_past:
             return 0
         if isinstance(rollback, bool) or not isinstance(rollback, int) or rollback < 0:
@@ -206,26 +229,33 @@ class RecurrentCache:
 
     def rollback_lengths(self) -> list[int]:
         """The token counts :meth:`crop` can return to now (the current one included)."""
-        return sorted({*self._snapshots, self.seen_tokens})
+        return sorted({self.seen_tokens, *(n for r in self._records for n in range(r.start, r.stop + 1))})
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Return to the state after fewer tokens, exactly, and drop every snapshot.
+        """Return to the state after fewer tokens, exactly, and drop every record.
 
         Args:
             tokens_to_remove: transformers' convention (5.24): a negative number removes that many of the last
-                tokens; 0 removes none (it only drops the snapshots). A positive number is the older convention,
+                tokens; 0 removes none (it only drops the records). A positive number is the older convention,
                 the number of tokens to keep (transformers' ``DynamicCache.crop(max_length)`` before 5.24).
 
-        Raises a ValueError naming ``tokens_to_remove`` for a crop to more tokens than were absorbed, or to a
-        token count whose state was not kept (only a recording forward keeps states, see
-        :meth:`activate_past_recording`).
+        The record of the forward that absorbed the token count asked for gives the states before that forward;
+        its first inputs up to that count are replayed through the layers (one ordinary forward). Raises a
+        ValueError naming ``tokens_to_remove`` for a crop to more tokens than were absorbed, or to a token count
+        no record reaches (only a recording forward keeps one, see :meth:`activate_past_recording`).
         """
         target = self._crop_target(tokens_to_remove)
         if target != self.seen_tokens:
-            snapshot = self._snapshots[target]
-            self.layers = [_restore(kept, live) for kept, live in zip(snapshot, self.layers)]
-            self.seen_tokens = target
-        self._snapshots.clear()
+            record = next(r for r in self._records if r.start <= target < r.stop)
+            self.layers = [_restore(kept, live) for kept, live in zip(record.incoming, self.layers)]
+            self.seen_tokens = record.start
+            self._drop_records()
+            kept = target - record.start
+            if kept:
+                mask = None if record.mask is None else record.mask[:, :kept]
+                record.replay(self, record.inputs[:, :kept], mask)
+                self.seen_tokens = target
+        self._drop_records()
 
     def _crop_target(self, tokens_to_remove: int) -> int:
         """The token count a crop returns to, checked (see :meth:`crop`)."""
@@ -237,7 +267,7 @@ class RecurrentCache:
                 f"tokens_to_remove={tokens_to_remove} asks for the state after {target} tokens, but the cache has "
                 f"absorbed {self.seen_tokens}"
             )
-        if target != self.seen_tokens and target not in self._snapshots:
+        if target != self.seen_tokens and not any(r.start <= target < r.stop for r in self._records):
             how = (
                 "only a forward after activate_past_recording() keeps earlier states"
                 if not self.record_past
@@ -251,13 +281,16 @@ class RecurrentCache:
 
     # ----------------------------------------------------------------------------- batch rows
     def _map_tensors(self, fn) -> None:
-        """Apply ``fn`` to every batch-first tensor: the live states and the snapshots."""
-        for state in (*self.layers, *(kept for snapshot in self._snapshots.values() for kept in snapshot)):
+        """Apply ``fn`` to every batch-first tensor: the live states and the records' states and inputs."""
+        for state in (*self.layers, *(kept for record in self._records for kept in record.incoming)):
             if state is None:
                 continue
             for name, tensor in state.items():
                 if not isinstance(tensor, _Prefix):
                     state[name] = fn(tensor)
+        self._records = [
+            r._replace(inputs=fn(r.inputs), mask=None if r.mask is None else fn(r.mask)) for r in self._records
+        ]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select batch rows (beam search): row i becomes the old row ``beam_idx[i]``."""
@@ -271,8 +304,7 @@ class RecurrentCache:
         """Forget every state (the next forward starts a fresh sequence)."""
         self.layers = [None] * len(self.layers)
         self.seen_tokens = 0
-        self._snapshots.clear()
-        self._pending = []
+        self._drop_records()
 
     # ----------------------------------------------------------------------------- size, copies, files
     @property
@@ -285,18 +317,15 @@ class RecurrentCache:
         return sum(t.numel() * t.element_size() for state in self.layers if state for t in state.values())
 
     def snapshot_bytes(self) -> int:
-        """Bytes held by rollback snapshots: 0 outside assisted decoding."""
-        return sum(
-            t.numel() * t.element_size()
-            for snapshot in self._snapshots.values()
-            for kept in snapshot
-            if kept
-            for t in kept.values()
-            if not isinstance(t, _Prefix)
-        )
+        """Bytes held by rollback records (states before a recording forward, its inputs): 0 outside assisted
+        decoding."""
+        states = (kept for record in self._records for kept in record.incoming if kept)
+        tensors = [t for kept in states for t in kept.values() if not isinstance(t, _Prefix)]
+        tensors += [t for r in self._records for t in (r.inputs, r.mask) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def fork(self) -> RecurrentCache:
-        """An independent copy: the same states and token count in new tensors (not recording, no snapshots),
+        """An independent copy: the same states and token count in new tensors (not recording, no records),
         so that several continuations can start from one prefilled prompt."""
         copy = RecurrentCache(len(self.layers))
         copy.layers = [None if state is None else {n: t.clone() for n, t in state.items()} for state in self.layers]

@@ -1,10 +1,9 @@
 """Exact rollback, assisted and prompt-lookup decoding, for every family with a causal LM (and H3 distilled).
 
 Oracles: after a recording forward of k tokens, ``cache.crop`` returns to the state after any of them with the
-same bits as feeding only those tokens (the states are snapshots of what the forward computed; the tests feed
-the reference one token at a time to a batch of 2, where CPU matmuls give a row the same bits whatever the
-number of rows, which they do not for a single row); greedy assisted decoding (every draft rejected, all
-accepted, a draft of another family) and prompt lookup give plain greedy decoding's tokens, one for one."""
+same bits as a cache fed only those tokens (the crop replays them in one forward from the states before the
+recorded forward; the reference feeds them in one forward too); greedy assisted decoding (every draft rejected,
+all accepted, a draft of another family) and prompt lookup give plain greedy decoding's tokens, one for one."""
 
 import copy
 
@@ -49,11 +48,11 @@ def assert_same_bits(cache, reference):
             assert torch.equal(got[name], want[name]), name
 
 
-def fed_one_by_one(model, ids, start, stop, head=None):
-    """A cache that absorbed ids[:, :head] in one forward, then each token up to ``stop`` alone."""
-    cache = getattr(model(ids[:, : head or start], use_cache=True), CACHE_FIELD)
-    for t in range(head or start, stop):
-        model(ids[:, t : t + 1], cache=cache, use_cache=True)
+def fed_only(model, ids, start, stop):
+    """A cache that absorbed ids[:, :start] in one forward, then ids[:, start:stop] in another (if any)."""
+    cache = getattr(model(ids[:, :start], use_cache=True), CACHE_FIELD)
+    if stop > start:
+        model(ids[:, start:stop], cache=cache, use_cache=True)
     return cache
 
 
@@ -69,7 +68,7 @@ def test_rollback_is_bit_exact(decoder):
         cache.activate_past_recording()
         model(ids[:, prompt : prompt + k], cache=cache, use_cache=True)
         cache.crop(-(k - kept))
-        reference = fed_one_by_one(model, ids, prompt, prompt + kept)
+        reference = fed_only(model, ids, prompt, prompt + kept)
         assert_same_bits(cache, reference)
         nxt = ids[:, prompt + kept : prompt + kept + 1]
         got = model(nxt, cache=cache, use_cache=True).logits
@@ -89,7 +88,7 @@ def test_rollback_within_a_first_forward(decoder):
         model(ids, cache=cache, use_cache=True, logits_to_keep=drafts + 1)
         assert cache.rollback_lengths() == list(range(prompt, 13))
         cache.crop(-(drafts - kept))
-        assert_same_bits(cache, fed_one_by_one(model, ids, prompt, prompt + kept))
+        assert_same_bits(cache, fed_only(model, ids, prompt, prompt + kept))
     with pytest.raises(ValueError, match="tokens_to_remove=-4"):
         cache.activate_past_recording()
         model(ids[:, :1], cache=cache, use_cache=True)  # a one-token forward keeps the state before it

@@ -80,12 +80,6 @@ class RecurrentBlock(GradientCheckpointingLayer):
             hidden_states, lambda x: self.mixer(x, mask, state, return_state, document_starts=document_starts)
         )
 
-    def forward_with_history(self, hidden_states, mask, state, num_states: int):
-        """Like :meth:`forward` with ``return_state``, but the second output is the mixer's states after each of
-        the last ``num_states`` positions, oldest first (``TokenMixer.forward_with_history``): what a recording
-        cache keeps to roll back exactly."""
-        return self._around_mixer(hidden_states, lambda x: self.mixer.forward_with_history(x, mask, state, num_states))
-
     def _around_mixer(self, hidden_states, mix):
         """The block's norms, residuals and MLP around ``mix`` (the mixer call: x -> (y, its second output))."""
         if self.prenorm:
@@ -267,14 +261,17 @@ def _states_to_record(cache: RecurrentCache | None, seq_len: int, rollback: int,
     return recorded
 
 
-def _pieces(seq_len: int, recorded: int) -> list[tuple[int, int, int]]:
-    """``(start, stop, num_states)`` runs of a forward: the tokens before the ``recorded`` last ones run as an
-    ordinary forward (the same work, and bits, as a forward of them alone), then the recorded ones with their
-    states kept; a forward that records nothing is one run."""
+def _pieces(seq_len: int, recorded: int) -> list[tuple[int, int, bool]]:
+    """``(start, stop, record)`` runs of a forward. A recording forward files the ``recorded`` last tokens as a
+    record (a crop replays its kept part, :meth:`RecurrentCache.crop`); a long head before them (a prompt with
+    its first drafts) runs first as an ordinary forward, so a crop never replays it, while a short one (the last
+    accepted token before the drafts) joins the record, so verifying k drafts stays one forward."""
     if not recorded:
-        return [(0, seq_len, 0)]
+        return [(0, seq_len, False)]
     head = seq_len - recorded
-    return ([(0, head, 0)] if head else []) + [(head, seq_len, recorded)]
+    if head <= recorded:
+        return [(0, seq_len, True)]
+    return [(0, head, False), (head, seq_len, True)]
 
 
 class RecurrentModel(RecurrentPreTrainedModel):
@@ -338,11 +335,13 @@ class RecurrentModel(RecurrentPreTrainedModel):
             cache = RecurrentCache(len(self.layers))
         recorded = _states_to_record(cache if use_cache else None, seq_len, rollback, starts)
         outputs, layer_inputs = [], []
-        for start, stop, num_states in _pieces(seq_len, recorded):
+        for start, stop, record in _pieces(seq_len, recorded):
+            piece_mask = None if mask is None else mask[:, start:stop]
+            if record:
+                cache.begin_record(hidden_states[:, start:stop], piece_mask, self.replay_layers)
             out, inputs = self._run_layers(
-                hidden_states[:, start:stop], None if mask is None else mask[:, start:stop], cache, use_cache,
-                starts, num_states, output_hidden_states,
-            )  # fmt: skip
+                hidden_states[:, start:stop], piece_mask, cache, use_cache, starts, output_hidden_states
+            )
             if use_cache:
                 cache.advance(stop - start)
             outputs.append(out)
@@ -363,25 +362,25 @@ class RecurrentModel(RecurrentPreTrainedModel):
             last_hidden_state=hidden_states, hidden_states=all_hidden_states, **{CACHE_FIELD: cache_out}
         )
 
-    def _run_layers(self, hidden_states, mask, cache, use_cache, starts, num_states, output_hidden_states):
-        """The blocks on (B, L, H) new tokens, each continuing from and updating its state in ``cache``; with
-        ``num_states`` > 0 each block also hands the cache its states after the last ``num_states`` positions
-        (a recording cache). Returns the last block's output and, if asked, each block's input."""
+    def _run_layers(self, hidden_states, mask, cache, use_cache, starts, output_hidden_states):
+        """The blocks on (B, L, H) new tokens, each continuing from and updating its state in ``cache``. Returns
+        the last block's output and, if asked, each block's input."""
         inputs = ()
         for idx, block in enumerate(self.layers):
             if output_hidden_states:
                 inputs += (hidden_states,)
             state = cache.get(idx) if cache is not None else None
-            if num_states:
-                hidden_states, history = block.forward_with_history(hidden_states, mask, state, num_states)
-                cache.update(idx, history[-1], history=history)
-                continue
             hidden_states, new_state = block(
                 hidden_states, mask=mask, state=state, return_state=use_cache, document_starts=starts
             )
             if use_cache:
                 cache.update(idx, new_state)
         return hidden_states, inputs
+
+    def replay_layers(self, cache: RecurrentCache, hidden_states: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Run the blocks on (B, L, H) first-layer inputs from ``cache``'s states, updating them (the token count
+        is the caller's): how :meth:`RecurrentCache.crop` returns to the state after part of a recorded forward."""
+        self._run_layers(hidden_states, mask, cache, True, None, False)
 
 
 class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):

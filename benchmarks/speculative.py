@@ -1,0 +1,194 @@
+"""Plain greedy vs prompt-lookup vs assisted decoding of a trained ssmhub model: tokens/s, acceptance, same tokens.
+
+What is measured (issue 27 §2)
+------------------------------
+A causal LM trained by ``ssmhub-train`` (by default the PG-19 models of ``benchmarks/pg19_context.py``, ≈ 5M
+parameters: what trains on this 2-core CPU in minutes) decodes ``--new-tokens`` tokens greedily, batch 1, from a
+copy-heavy prompt: ``--document-tokens`` tokens of a PG-19 test book followed by the first ``--cue-tokens``
+tokens of a passage from earlier in that document (a reader asked to continue a quotation). Three ways, taking
+turns in each of ``--repeats`` rounds (medians reported):
+
+- ``greedy``: ``model.generate(ids, do_sample=False)``, one token per forward through the recurrent cache;
+- ``prompt lookup``: ``generate(..., prompt_lookup_num_tokens=n)``: candidates copied from the prompt after the
+  last matching n-gram, verified in one forward, the cache rolled back to the accepted prefix
+  (:meth:`ssmhub.RecurrentCache.crop`);
+- ``assisted``: ``generate(..., assistant_model=draft)`` with a 2-layer draft of the same family and tokenizer
+  (trained here by ``ssmhub-train`` if ``--draft`` does not exist).
+
+Reported: tokens/s and the ratio to greedy; verifier forwards per generated token; the acceptance rate (accepted
+candidates ÷ proposed, from the forwards' lengths); and whether every method produced greedy's tokens (they must).
+
+Run: ``python benchmarks/speculative.py`` after ``benchmarks/pg19_context.py`` has trained its models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ssmhub.data import iter_pg19_books
+from ssmhub.tokenization import encode_document
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import markdown_table, median, write_report
+
+SCRIPT_NAME = "speculative"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--model", default="runs/pg19_context/dlr-windowed", help="a trained causal LM folder")
+    p.add_argument("--draft", default=None, help="the assistant's folder (default: runs/speculative/<model>-draft)")
+    p.add_argument("--draft-steps", type=int, default=400, help="training steps of a draft trained here")
+    p.add_argument("--data-dir", default=os.environ.get("SSMHUB_DATA_DIR"), help="default $SSMHUB_DATA_DIR")
+    p.add_argument("--document-tokens", type=int, default=1024)
+    p.add_argument("--cue-tokens", type=int, default=16, help="the repeated passage's first tokens, ending the prompt")
+    p.add_argument("--cue-at", type=float, default=0.25, help="where in the document the passage starts (fraction)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--lookup", type=int, nargs="+", default=[3, 10], help="prompt_lookup_num_tokens values")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-write", action="store_true")
+    return p.parse_args(argv)
+
+
+class ForwardCounter:
+    """Counts a model's forwards and the new tokens each one fed (wraps ``model.forward``)."""
+
+    def __init__(self, model):
+        self.lengths: list[int] = []
+        forward = model.forward
+
+        def counted(*args, **kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.lengths.append(0 if ids is None else ids.shape[1])
+            return forward(*args, **kwargs)
+
+        model.forward = counted
+
+
+def train_draft(args, model_folder: Path, draft_folder: Path) -> None:
+    """A 2-layer model of the target's family, width and tokenizer, trained by ``ssmhub-train`` on the target's
+    data with its optimisation settings (``--draft-steps`` steps)."""
+    run = json.loads((model_folder / "train_config.json").read_text())
+    model_config = dict(run["model_config"])
+    model_config["n_layer" if run["model_type"] == "gpt2" else "num_hidden_layers"] = 2
+    options = {
+        "dataset": run["dataset"], "data_dir": args.data_dir, "tokenizer": str(model_folder),
+        "model_type": run["model_type"], "model_config": json.dumps(model_config), "seq_len": run["seq_len"],
+        "per_device_train_batch_size": run["per_device_train_batch_size"], "learning_rate": run["learning_rate"],
+        "max_steps": args.draft_steps, "warmup_steps": max(1, args.draft_steps // 10), "eval_steps": 0,
+        "save_steps": 0, "logging_steps": 50, "output_dir": str(draft_folder),
+    }  # fmt: skip
+    command = [sys.executable, "-m", "ssmhub.training.cli", "--cpu", "--overwrite_output_dir"]
+    for name, value in options.items():
+        command += [f"--{name}", str(value)]
+    draft_folder.mkdir(parents=True, exist_ok=True)
+    with open(draft_folder.parent / f"{draft_folder.name}.log", "w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+def copy_heavy_prompt(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, P) prompt ids: a test book's first ``document_tokens`` tokens, then a passage's first ``cue_tokens``;
+    and the (new_tokens,) true continuation of that passage in the document."""
+    book = next(iter(iter_pg19_books("test", data_dir=args.data_dir, max_books=1)))
+    ids = torch.tensor(encode_document(tokenizer, book.text)[: args.document_tokens])
+    at = int(args.cue_at * len(ids))
+    cue = ids[at : at + args.cue_tokens]
+    return torch.cat([ids, cue])[None], ids[at + args.cue_tokens : at + args.cue_tokens + args.new_tokens]
+
+
+def methods(args, draft) -> dict[str, dict]:
+    """name -> generate() keywords beside greedy's."""
+    out = {"greedy": {}}
+    for n in args.lookup:
+        out[f"prompt lookup, n = {n}"] = {"prompt_lookup_num_tokens": n}
+    out["assisted, 2-layer draft"] = {"assistant_model": draft}
+    return out
+
+
+@torch.inference_mode()
+def decode(model, prompt: torch.Tensor, new_tokens: int, extra: dict) -> tuple[torch.Tensor, float]:
+    start = time.perf_counter()
+    out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **extra)
+    return out[0, prompt.shape[1] :], time.perf_counter() - start
+
+
+def acceptance(lengths: list[int], new_tokens: int) -> tuple[int, float]:
+    """Verifier forwards after the prefill, and accepted ÷ proposed candidates: a verification forward of c + 1
+    tokens (the last accepted one and c candidates) proposes c; greedy needs ``new_tokens`` forwards in all, so
+    each forward saved is an accepted candidate."""
+    forwards = lengths[1:]  # the first forward is the prefill of the prompt
+    proposed = sum(max(0, n - 1) for n in forwards)
+    accepted = (new_tokens - 1) - len(forwards)  # the prefill gives the first token
+    return len(forwards), (accepted / proposed if proposed else float("nan"))
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_folder = Path(args.model)
+    draft_folder = Path(args.draft or f"runs/speculative/{model_folder.name}-draft")
+    if not (draft_folder / "model.safetensors").exists():
+        train_draft(args, model_folder, draft_folder)
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_folder).eval()
+    counter = ForwardCounter(model)
+    prompt, truth = copy_heavy_prompt(args, tokenizer)
+    runs = methods(args, draft)
+    seconds = {name: [] for name in runs}
+    tokens, stats = {}, {}
+    for name, extra in runs.items():  # warm-up, and the tokens and forwards of each method
+        counter.lengths.clear()
+        tokens[name], _ = decode(model, prompt, args.new_tokens, extra)
+        stats[name] = acceptance(counter.lengths, args.new_tokens)
+    for _ in range(args.repeats):
+        for name, extra in runs.items():
+            seconds[name].append(decode(model, prompt, args.new_tokens, extra)[1])
+    greedy_rate = args.new_tokens / median(seconds["greedy"])
+    rows = []
+    for name in runs:
+        rate = args.new_tokens / median(seconds[name])
+        forwards, accepted = stats[name]
+        rows.append([
+            name, f"{rate:.1f}", f"{rate / greedy_rate:.2f}×", f"{forwards}",
+            f"{accepted:.0%}" if name != "greedy" else "-",
+            "yes" if torch.equal(tokens[name], tokens["greedy"]) else "NO",
+            ", ".join(f"{args.new_tokens / s:.1f}" for s in seconds[name]),
+        ])  # fmt: skip
+    copied = (tokens["greedy"][: len(truth)] == truth).float().mean().item()
+    params = sum(p.numel() for p in model.parameters())
+    setup = (
+        f"Model: `{model_folder}` ({model.config.model_type}, {params / 1e6:.2f}M parameters), draft `{draft_folder}` "
+        f"({sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M, 2 layers). Prompt: {args.document_tokens} tokens "
+        f"of PG-19 test book {next(iter(iter_pg19_books('test', data_dir=args.data_dir, max_books=1))).book_id}, then "
+        f"the first {args.cue_tokens} tokens of its passage at {args.cue_at:.0%}; {args.new_tokens} new tokens, "
+        f"batch 1, float32, median of {args.repeats}. Greedy's tokens repeat the passage's true continuation at "
+        f"{copied:.0%} of positions (how much there is to copy)."
+    )
+    table = markdown_table(
+        ["method", "tokens/s", "vs greedy", "verifier forwards", "accepted", "greedy's tokens", "tokens/s per run"],
+        rows,
+    )
+    target = max((r for r in rows if r[0].startswith("prompt lookup")), key=lambda r: float(r[1]))
+    check = f"- target: prompt lookup ≥ 2× greedy tokens/s with identical tokens: best {target[0]} {target[2]} " + (
+        "[PASS]" if float(target[2][:-1]) >= 2 and target[5] == "yes" else "[FAIL]"
+    )
+    sections = [setup, table, check]
+    print("\n\n".join(sections))
+    if not args.no_write:
+        write_report(SCRIPT_NAME, "Speculative decoding: prompt lookup and assisted vs greedy", sections)
+
+
+if __name__ == "__main__":
+    main()
