@@ -195,32 +195,6 @@ def test_packed_rows_of_a_mixer_that_reads_later_tokens_equal_each_document_alon
     torch.testing.assert_close(y[:, 2:], mixer(x[:, 2:])[0], atol=TOL, rtol=TOL)
 
 
-def test_history_holds_the_state_after_each_of_the_last_positions(mixer):
-    """``forward_with_history`` equals ``forward`` on outputs, and its k states equal the states of the
-    prefixes of length L − k + 1 .. L run alone, continuing from a prefilled state."""
-    x = _inputs(2, 7)
-    prefix_state = mixer(_inputs(2, 3, seed=2), return_state=True)[1]
-    y, states = mixer.forward_with_history(x, state=prefix_state, num_states=3)
-    torch.testing.assert_close(y, mixer(x, state=prefix_state)[0], atol=TOL, rtol=TOL)
-    assert len(states) == 3
-    for i, state in enumerate(states):
-        end = 7 - 3 + i + 1
-        _assert_states_equal(state, mixer(x[:, :end], state=prefix_state, return_state=True)[1])
-
-
-def test_history_of_every_position_from_the_start(mixer):
-    x = _inputs(1, 4)
-    y, states = mixer.forward_with_history(x, num_states=4)
-    torch.testing.assert_close(y, mixer(x)[0], atol=TOL, rtol=TOL)
-    _assert_states_equal(states[0], mixer(x[:, :1], return_state=True)[1])
-
-
-@pytest.mark.parametrize("num_states", [0, 5, 1.5, True])
-def test_history_length_must_fit_the_input(mixer, num_states):
-    with pytest.raises(ValueError, match="num_states"):
-        mixer.forward_with_history(_inputs(1, 4), num_states=num_states)
-
-
 def test_document_starts_of_the_wrong_shape_are_refused(mixer):
     with pytest.raises(ValueError, match="document_starts must have shape"):
         mixer(_inputs(2, 4), document_starts=torch.zeros(2, 3, dtype=torch.bool))

@@ -10,16 +10,15 @@ fixed layout from one call to the next, so a prefill hands over to token-by-toke
 What the base class does, for every mixer: checks ``x``, ``mask`` and ``state`` before any work; zeroes the
 masked positions of ``x`` (padding is the mixer's job: a masked position must add nothing to any state); sends a
 one-token call with a state to ``_step``; allocates and checks states from one declared layout; refuses states
-to a mixer that reads later tokens; and implements the two hooks long documents and exact rollback need:
+to a mixer that reads later tokens; and implements the hook long documents need:
 
 - ``document_starts`` (B, L) bool: a packed row holds several documents back to back; at every True position
   each state restarts as at the start of a sequence (:meth:`TokenMixer.reset_state`).
-- :meth:`TokenMixer.forward_with_history`: the states after each of the last k positions, so a cache can roll
-  back exactly to any of them (assisted and prompt-lookup decoding).
 
 Packed rows run every document alone, batched through the mixer's own parallel ``_forward``
-(:mod:`ssmhub.layers.packing`); the history runs through the one-token recurrence. A mixer may override
-``_forward_documents`` or ``forward_with_history`` with a faster form of the same numbers.
+(:mod:`ssmhub.layers.packing`); a mixer may override ``_forward_documents`` with a faster form of the same
+numbers. Exact rollback (assisted decoding) needs nothing of a mixer: the cache keeps the states before a
+verification forward and replays the accepted tokens (:mod:`ssmhub.cache`).
 
 How a new mixer joins:
 
@@ -210,35 +209,3 @@ class TokenMixer(nn.Module):
             y_t, state = self._step(x[:, t], state, None if mask is None else mask[:, t])
             outputs.append(y_t)
         return torch.stack(outputs, 1), (state if return_state else None)
-
-    def forward_with_history(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        state: MixerState | None = None,
-        num_states: int = 1,
-    ) -> tuple[torch.Tensor, list[MixerState]]:
-        """Like ``forward(..., return_state=True)``, but returns the states after each of the last
-        ``num_states`` positions, oldest first (the last is the state after x): a cache keeps them to roll
-        back exactly to any of those positions.
-
-        Args: x (B, L, hidden_size); mask (B, L) or None; state as in :meth:`forward`;
-            num_states: 1 <= num_states <= L.
-        Returns: ``(y (B, L, output_size), [state after position L − num_states, ..., state after L − 1])``.
-        """
-        check_mixer_inputs(x, mask, self.hidden_size)
-        length = x.shape[1]
-        if isinstance(num_states, bool) or not isinstance(num_states, int) or not 1 <= num_states <= length:
-            raise ValueError(f"num_states must be an integer in [1, {length}] (the length of x); got {num_states!r}")
-        head = length - num_states
-        outputs, states = [], []
-        if head:
-            y, state = self(x[:, :head], None if mask is None else mask[:, :head], state, return_state=True)
-            outputs.append(y)
-        elif state is None:
-            state = self.init_state(x.shape[0], device=x.device, dtype=x.dtype)
-        for t in range(head, length):
-            y_t, state = self(x[:, t : t + 1], None if mask is None else mask[:, t : t + 1], state, return_state=True)
-            outputs.append(y_t)
-            states.append(state)
-        return torch.cat(outputs, 1), states
