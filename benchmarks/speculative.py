@@ -132,6 +132,32 @@ def acceptance(lengths: list[int], new_tokens: int) -> tuple[int, float]:
     return len(forwards), (accepted / proposed if proposed else float("nan"))
 
 
+@torch.inference_mode()
+def verification_costs(model, prompt: torch.Tensor, sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one forward of ``n`` new tokens through a prefilled cache (n = 1: a greedy step; n = c + 1:
+    verifying c candidates), each from a fresh fork of the prompt's cache, for every n in ``sizes``."""
+    cache = model(prompt, use_cache=True).cache
+    seconds = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            fork, ids = cache.fork(), prompt[:, -n:]
+            start = time.perf_counter()
+            model(ids, cache=fork, use_cache=True, logits_to_keep=n)
+            seconds[n].append(time.perf_counter() - start)
+    return {n: median(values) for n, values in seconds.items()}
+
+
+def cost_rows(costs: dict[int, float]) -> list[list[str]]:
+    """Per candidate count c: a verification forward (c + 1 tokens) against c + 1 greedy steps, and the speed-up
+    when every candidate is accepted (the ceiling; a partial acceptance adds the replay of the kept tokens)."""
+    step = costs[1]
+    return [
+        [f"{n - 1}", f"{costs[n] * 1e3:.1f}", f"{n * step * 1e3:.1f}", f"{n * step / costs[n]:.2f}×"]
+        for n in sorted(costs)
+        if n > 1
+    ]
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
@@ -184,7 +210,19 @@ def main(argv=None) -> None:
     check = f"- target: prompt lookup ≥ 2× greedy tokens/s with identical tokens: best {target[0]} {target[2]} " + (
         "[PASS]" if float(target[2][:-1]) >= 2 and target[5] == "yes" else "[FAIL]"
     )
-    sections = [setup, table, check]
+    costs = verification_costs(model, prompt, [1, *(n + 1 for n in args.lookup)], 5 * args.repeats)
+    cost_table = markdown_table(
+        ["candidates c", "verify forward (c + 1 tokens) ms", "c + 1 greedy steps ms", "speed-up if all accepted"],
+        cost_rows(costs),
+    )
+    sections = [
+        setup,
+        table,
+        check,
+        "## What a round costs\n\nOne forward of c + 1 new tokens through the prefilled cache against c + 1 "
+        f"one-token forwards (greedy: {costs[1] * 1e3:.1f} ms per token), median of {5 * args.repeats}:\n\n"
+        + cost_table,
+    ]
     print("\n\n".join(sections))
     if not args.no_write:
         write_report(SCRIPT_NAME, "Speculative decoding: prompt lookup and assisted vs greedy", sections)
