@@ -32,10 +32,12 @@ from torch import nn
 from ..ops.resampling import (
     ResamplingState,
     causal_windows,
+    continued_stream,
     expand_floor,
     expand_nearest,
     gather_windows,
     gaussian_distance_features,
+    grid_index,
     nearest_windows,
     resampling_prefill,
     resampling_step,
@@ -152,15 +154,54 @@ class ResamplingBranch(TokenMixer):
 
     # ----------------------------------------------------------------------------- forward
     def _forward(self, x, mask, state, return_state):
-        """x (B, L, H) -> y (B, L, H_b). Continuing from a ``state`` runs token by token (exact, O(1) per
-        token); a forward from the start runs in parallel."""
+        """x (B, L, H) -> y (B, L, H_b), in parallel: from the start, or continuing a streaming ``state``."""
         if state is None:
             return self._parallel(x, mask, return_state)
-        outputs = []
-        for t in range(x.shape[1]):
-            y_t, state = self._step(x[:, t], state, None if mask is None else mask[:, t])
-            outputs.append(y_t)
-        return torch.stack(outputs, 1), (state if return_state else None)
+        return self._continue(x, mask, state, return_state)
+
+    def _continue(self, x, mask, state, return_state):
+        """The parallel path after a state (causal mode): the state's buffered K tokens go in front of x, times
+        continue its clock and count grid points from the last one emitted (:func:`continued_stream`); the new
+        grid points' windows are compressed at once and the branch Mamba continues from its state over them.
+        Tokens before the first new grid point hold the state's last output ȳ (as :meth:`_step` does)."""
+        step, grid_step = self.steps(x)  # (B, L)
+        stream = continued_stream(ResamplingState(*(state[name] for name in _STREAM_FIELDS)), x, step, grid_step, mask)
+        windows = causal_windows(stream.shifted, grid_step, self.window, stream.mask)  # (B, Lg, K): new grid points
+        x_grid = self._compress(
+            gather_windows(stream.inputs, windows.index, windows.valid), windows.distance, windows.valid
+        )  # (B, Lg, H_b), slot j − 1 = new grid point j
+        mamba_state = {name: state[name] for name in ("conv_state", "ssm_state")}
+        y_grid, mamba_state = self._mamba_continued(x_grid, windows.grid_mask, mamba_state, return_state)
+        new_times = stream.shifted[:, self.window :]  # (B, L)
+        y = expand_floor(y_grid, new_times, grid_step)  # (B, L, H_b); 0 before the first new grid point
+        before = grid_index(new_times, grid_step) == 0  # (B, L): no new grid point passed yet
+        y = torch.where(before[..., None], state["held"].to(y.dtype)[:, None], y)
+        if not return_state:
+            return y, None
+        prefill = resampling_prefill(stream.inputs.float(), stream.times, grid_step, self.window, stream.mask)
+        held = y[:, -1].float() if x.shape[1] else state["held"]
+        return y, {**prefill._asdict(), "held": held, **mamba_state}
+
+    def _mamba_continued(self, x_grid, grid_mask, mamba_state, return_state):
+        """The branch Mamba over each row's new grid points (x_grid (B, Lg, H_b), the first ``grid_mask`` slots
+        valid), continuing from its state. Rows with fewer points run alone: padding inside a continued stream
+        would enter the short convolution's window."""
+        counts = grid_mask.sum(1)  # (B,)
+        if x_grid.shape[1] == 0:
+            return x_grid, mamba_state
+        if bool((counts == x_grid.shape[1]).all()):
+            return self.mamba(x_grid, state=mamba_state, return_state=True)
+        outputs, states = [], []
+        for row, count in enumerate(counts.tolist()):
+            row_state = {name: value[row : row + 1] for name, value in mamba_state.items()}
+            y_row = x_grid.new_zeros(1, x_grid.shape[1], x_grid.shape[2])
+            if count:
+                y_valid, row_state = self.mamba(x_grid[row : row + 1, :count], state=row_state, return_state=True)
+                y_row = torch.cat([y_valid, y_row[:, count:]], dim=1)
+            outputs.append(y_row)
+            states.append(row_state)
+        merged = {name: torch.cat([s[name] for s in states]) for name in mamba_state}
+        return torch.cat(outputs), merged
 
     def _parallel(self, x, mask, return_state):
         batch, length, _ = x.shape

@@ -62,6 +62,7 @@ __all__ = [
     "ResamplingState",
     "ResamplingWindows",
     "causal_windows",
+    "continued_stream",
     "expand_floor",
     "expand_nearest",
     "gather_windows",
@@ -127,6 +128,23 @@ class ResamplingEmission(NamedTuple):
     inputs: torch.Tensor
     valid: torch.Tensor
     distance: torch.Tensor
+
+
+class ContinuedStream(NamedTuple):
+    """A streaming state's buffered tokens in front of new ones, laid out for the parallel functions.
+
+    inputs: (B, K + L, H) the K buffer slots (empty ones zero), then the new tokens.
+    mask: (B, K + L) bool, the buffer's filled slots and the new real tokens.
+    times: (B, K + L) float64 token times t (the buffer's as kept, the new ones continuing the clock).
+    shifted: (B, K + L) float64 ``t − gΔ`` for the g grid points already emitted: its grid point j is
+        grid point g + j of the stream, so :func:`causal_windows` and :func:`expand_floor` on it see only the
+        new grid points; exact on the lattice, and carrying Δ's gradient (``∂(t − gΔ)/∂Δ = −g``).
+    """
+
+    inputs: torch.Tensor
+    mask: torch.Tensor
+    times: torch.Tensor
+    shifted: torch.Tensor
 
 
 class _Lattice(NamedTuple):
@@ -443,6 +461,39 @@ def expand_nearest(y_grid: torch.Tensor, t: torch.Tensor, grid_step: torch.Tenso
     nearest = torch.div(2 * units + lattice.units - 1, 2 * lattice.units, rounding_mode="floor")  # (B, L)
     sizes = torch.div(units[:, -1:], lattice.units, rounding_mode="floor")  # (B, 1) L̄
     return _gather_grid(y_grid, torch.minimum(nearest.clamp(min=1), sizes))
+
+
+def continued_stream(
+    state: ResamplingState,
+    x: torch.Tensor,
+    step: torch.Tensor,
+    grid_step: torch.Tensor | float,
+    mask: torch.Tensor | None = None,
+) -> ContinuedStream:
+    """New tokens after a streaming state, in the layout that lets the parallel path continue the stream.
+
+    A causal window reaches back at most K real tokens, all of which the state buffers, so the buffer in front
+    of the new tokens holds every input a new grid point can read. The new times continue the clock exactly
+    (lattice sums), and shifting all times by the emitted grid points ``gΔ`` numbers the new grid points from
+    1: ``causal_windows(shifted, Δ, K, mask)`` gives the windows :func:`resampling_step` would emit token by
+    token, with the same distances, and ``expand_floor`` on the new tokens' shifted times reads them (0 where
+    no new grid point has passed yet: the caller holds its last output there).
+
+    Args: state from :func:`resampling_prefill` or :func:`resampling_step`; x (B, L, H) new branch inputs;
+    step (B, L) their Δ_l (Eq. 13); grid_step Δ; mask optional (B, L), 1 = real token.
+    """
+    batch, window, _ = state.inputs.shape
+    lattice = _lattice(grid_step, x.device)
+    times = state.clock[:, None] + resampling_times(step, grid_step, mask)  # (B, L) exact continuation
+    filled = torch.arange(window, device=x.device) >= window - state.count[:, None]  # (B, K)
+    new_mask = torch.ones(batch, x.shape[1], dtype=torch.bool, device=x.device) if mask is None else mask != 0
+    all_times = torch.cat([state.times, times], dim=1)  # (B, K + L)
+    return ContinuedStream(
+        inputs=torch.cat([state.inputs.to(x.dtype), x], dim=1),
+        mask=torch.cat([filled, new_mask], dim=1),
+        times=all_times,
+        shifted=all_times - state.grid_count[:, None].to(torch.float64) * lattice.delta,
+    )
 
 
 def resampling_init_state(
