@@ -253,6 +253,22 @@ def report(args, results: dict[str, dict], train_seconds: dict[str, float], docu
         for run, result in results.items()
     ]
     fine_names = [b["positions"] for b in next(iter(results.values()))["by_position"]]
+    relative = ""
+    if "gpt2-windowed" in results:  # the books' own difficulty changes with position: divide it out
+        peer = coarse(results["gpt2-windowed"]["by_position"])
+        relative_rows = [
+            [
+                run,
+                *(f"{b['ppl'] / g['ppl']:.3f}" if b["tokens"] else "-" for b, g in zip(coarse(r["by_position"]), peer)),
+            ]
+            for run, r in results.items()
+        ]
+        relative = (
+            "\n\n## Relative to GPT-2 in the same bucket\n\nEach bucket holds other passages of the books, some harder "
+            "than others for every model (4K–16K here); a model's perplexity divided by GPT-2's in the same bucket "
+            "takes the passages' difficulty out, so a ratio falling with position is context being used:\n\n"
+            + markdown_table(["model", *(b["positions"] for b in first)], relative_rows)
+        )
     checks = []
     for run, result in results.items():
         near, far = falls_past_window(result, args.seq_len)
@@ -262,7 +278,8 @@ def report(args, results: dict[str, dict], train_seconds: dict[str, float], docu
         )
     return [
         setup,
-        f"## Token perplexity by position in the book\n\n{table}\n\nScored tokens per bucket: {token_counts}.",
+        f"## Token perplexity by position in the book\n\n{table}\n\nScored tokens per bucket: {token_counts}."
+        + relative,
         f"![perplexity by position]({SCRIPT_NAME}.png)",
         "## Finer buckets (the plot's points)\n\n" + markdown_table(["model", *fine_names], fine_rows),
         "## The claim: does perplexity keep falling past the training window?\n\n" + "\n".join(checks),
