@@ -11,6 +11,7 @@ from ssmhub.ops.dlr import (
     dlr_kernel,
     dlr_kernel_ref,
     dlr_scan,
+    dlr_scan_recurrent,
     dlr_scan_ref,
     dlr_step,
     kronecker_dlr,
@@ -179,3 +180,17 @@ def test_init_follows_section_2_3():
 def test_lambda_powers_never_exceed_unit_modulus():
     powers = lambda_powers(-torch.rand(10), torch.rand(10) * 6, 0, 1000)
     assert powers.abs().max() <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("readout", ["real", "half_imag"])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_recurrent_scan_matches_the_complex128_recurrence(with_state, readout):
+    """The token-by-token complex64 path (a few tokens after a state) against the complex128 reference."""
+    log_modulus, phase, w = _modal(*_params())
+    gen = torch.Generator().manual_seed(4)
+    u = torch.randn(2, 3, 9, generator=gen)
+    state = torch.view_as_complex(torch.randn(2, 3, 16, 2, generator=gen)) if with_state else None
+    y, final = dlr_scan_recurrent(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
+    y_ref, final_ref = dlr_scan_ref(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final, final_ref, atol=1e-5, rtol=1e-5)

@@ -37,6 +37,7 @@ __all__ = [
     "dlr_kernel",
     "dlr_kernel_ref",
     "dlr_scan",
+    "dlr_scan_recurrent",
     "dlr_scan_ref",
     "dlr_step",
     "kronecker_dlr",
@@ -337,6 +338,32 @@ def dlr_step(
     new_state = _lambda(log_modulus, phase) * state + u_t.float().unsqueeze(-1)  # (B, H, N)
     y_t = _readout((new_state * w).sum(-1), readout)  # (B, H)
     return y_t, new_state
+
+
+@float32_math
+def dlr_scan_recurrent(
+    u: torch.Tensor,
+    log_modulus: torch.Tensor,
+    phase: torch.Tensor,
+    w: torch.Tensor,
+    readout: str = "real",
+    initial_state: torch.Tensor | None = None,
+    return_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`dlr_scan` by the recurrence of Eq. 1, token by token in complex64: O(L·H·N) with no kernel, FFT or
+    Vandermonde matrix, so for a few tokens after a state (a verification forward of assisted decoding, a rollback
+    replay) it costs a few decode steps instead of a parallel pass's fixed cost. Same arguments and returns."""
+    lam = _lambda(log_modulus, phase)  # (N,)
+    batch, channels, seq_len = u.shape
+    state = initial_state
+    if state is None:
+        state = torch.zeros(batch, channels, lam.shape[-1], dtype=torch.complex64, device=u.device)
+    outputs = []
+    for k in range(seq_len):
+        state = lam * state + u[..., k].float().unsqueeze(-1)  # (B, H, N)
+        outputs.append(_readout((state * w).sum(-1), readout))  # (B, H)
+    y = torch.stack(outputs, dim=-1) if outputs else u.new_zeros(batch, channels, 0, dtype=torch.float32)
+    return y, (state if return_final_state else None)
 
 
 def dlr_scan_ref(
