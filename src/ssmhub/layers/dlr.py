@@ -35,7 +35,7 @@ from .mixer import TokenMixer
 __all__ = ["DLRMixer", "DLROptions"]
 
 # A forward of at most this many tokens after a state runs the recurrence (Eq. 1) token by token: the parallel
-# pass's fixed cost (kernel, FFT, Vandermonde powers) is that of about five steps (measured at 384 x 8, N = 256).
+# pass's fixed cost (kernel, FFT, Vandermonde powers) is that of several steps (benchmarks/speculative.py).
 RECURRENT_MAX_LENGTH = 4
 
 
