@@ -96,14 +96,15 @@ def train_draft(args, model_folder: Path, draft_folder: Path) -> None:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
 
 
-def copy_heavy_prompt(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def copy_heavy_prompt(args, tokenizer) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(1, P) prompt ids: a test book's first ``document_tokens`` tokens, then a passage's first ``cue_tokens``;
-    and the (new_tokens,) true continuation of that passage in the document."""
+    the (new_tokens,) true continuation of that passage in the document; the book's id."""
     book = next(iter(iter_pg19_books("test", data_dir=args.data_dir, max_books=1)))
     ids = torch.tensor(encode_document(tokenizer, book.text)[: args.document_tokens])
     at = int(args.cue_at * len(ids))
     cue = ids[at : at + args.cue_tokens]
-    return torch.cat([ids, cue])[None], ids[at + args.cue_tokens : at + args.cue_tokens + args.new_tokens]
+    truth = ids[at + args.cue_tokens : at + args.cue_tokens + args.new_tokens]
+    return torch.cat([ids, cue])[None], truth, book.book_id
 
 
 def methods(args, draft) -> dict[str, dict]:
@@ -170,7 +171,7 @@ def main(argv=None) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_folder).eval()
     counter = ForwardCounter(model)
-    prompt, truth = copy_heavy_prompt(args, tokenizer)
+    prompt, truth, book_id = copy_heavy_prompt(args, tokenizer)
     runs = methods(args, draft)
     seconds = {name: [] for name in runs}
     tokens, stats = {}, {}
@@ -197,7 +198,7 @@ def main(argv=None) -> None:
     setup = (
         f"Model: `{model_folder}` ({model.config.model_type}, {params / 1e6:.2f}M parameters), draft `{draft_folder}` "
         f"({sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M, 2 layers). Prompt: {args.document_tokens} tokens "
-        f"of PG-19 test book {next(iter(iter_pg19_books('test', data_dir=args.data_dir, max_books=1))).book_id}, then "
+        f"of PG-19 test book {book_id}, then "
         f"the first {args.cue_tokens} tokens of its passage at {args.cue_at:.0%}; {args.new_tokens} new tokens, "
         f"batch 1, float32, median of {args.repeats}. Greedy's tokens repeat the passage's true continuation at "
         f"{copied:.0%} of positions (how much there is to copy)."

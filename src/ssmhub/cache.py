@@ -246,16 +246,19 @@ class RecurrentCache:
         """
         target = self._crop_target(tokens_to_remove)
         if target != self.seen_tokens:
-            record = next(r for r in self._records if r.start <= target < r.stop)
+            record = self._record_reaching(target)
             self.layers = [_restore(kept, live) for kept, live in zip(record.incoming, self.layers)]
-            self.seen_tokens = record.start
-            self._drop_records()
+            self.seen_tokens = record.start  # what the replay continues from
             kept = target - record.start
             if kept:
                 mask = None if record.mask is None else record.mask[:, :kept]
                 record.replay(self, record.inputs[:, :kept], mask)
-                self.seen_tokens = target
+            self.seen_tokens = target
         self._drop_records()
+
+    def _record_reaching(self, target: int) -> _Record | None:
+        """The record of the forward after whose first tokens the cache had absorbed ``target`` (None: none)."""
+        return next((r for r in self._records if r.start <= target < r.stop), None)
 
     def _crop_target(self, tokens_to_remove: int) -> int:
         """The token count a crop returns to, checked (see :meth:`crop`)."""
@@ -267,7 +270,7 @@ class RecurrentCache:
                 f"tokens_to_remove={tokens_to_remove} asks for the state after {target} tokens, but the cache has "
                 f"absorbed {self.seen_tokens}"
             )
-        if target != self.seen_tokens and not any(r.start <= target < r.stop for r in self._records):
+        if target != self.seen_tokens and self._record_reaching(target) is None:
             how = (
                 "only a forward after activate_past_recording() keeps earlier states"
                 if not self.record_past

@@ -58,7 +58,7 @@ from ..data import (
 )
 from ..data.wikitext import HUB_DATASET as WIKITEXT_HUB_DATASET
 from ..fileio import write_json_atomic
-from ..preflight import check_device, check_output_file, model_config_class
+from ..preflight import check_device, check_output_file, check_stateful_model, model_config_class
 from ..tokenization import encode_document
 from ..training.checkpoint import CheckpointError
 from ..training.checkpoint_model import checkpoint_tokenizer_dir, is_training_checkpoint, load_checkpoint_model
@@ -237,8 +237,6 @@ def check_model_protocol(config, args) -> None:
     ssmhub model (a cache of fixed size; transformers' attention caches grow with the document) and, where it
     has attention layers, a sliding attention window (``--attention_window`` or the config's);
     ``--attention_window`` needs attention layers."""
-    from ..models.auto import FAMILIES
-
     model_type = getattr(config, "model_type", "")
     attention_layers = list(getattr(config, "attention_layers", None) or [])
     if args.attention_window is not None and not attention_layers:
@@ -246,18 +244,14 @@ def check_model_protocol(config, args) -> None:
             f"--attention_window is for ssmhub models with attention layers (H3's attention_layers); model "
             f"{args.model} ({model_type}) has none: drop --attention_window"
         )
-    if not args.stateful:
-        return
-    if model_type not in FAMILIES:
-        raise ValueError(
-            f"--stateful needs an ssmhub recurrent model ({', '.join(sorted(FAMILIES))}), whose cache has a fixed "
-            f"size; model {args.model} is a {model_type!r} model: evaluate it without --stateful (sliding windows)"
-        )
-    if attention_layers and args.attention_window is None and getattr(config, "attention_window", None) is None:
-        raise ValueError(
-            f"--stateful: model {args.model} has attention layers {attention_layers}, whose cache would keep every "
-            "key and value of a document; pass --attention_window W (each token attends to its last W tokens, "
-            "e.g. the training length) or evaluate without --stateful (sliding windows)"
+    if args.stateful:
+        check_stateful_model(
+            config,
+            f"model {args.model}",
+            "evaluate it without --stateful (sliding windows)",
+            "pass --attention_window W (each token attends to its last W tokens, e.g. the training length) or "
+            "evaluate without --stateful (sliding windows)",
+            args.attention_window,
         )
 
 

@@ -182,17 +182,9 @@ class DLRMixer(TokenMixer):
         initial = None if state is None else state["dlr_state"]
         if state is not None and seq_len <= RECURRENT_MAX_LENGTH:  # a few tokens after a state: steps are cheaper
             y, final = dlr_scan_recurrent(u, log_modulus, phase, w, readout, initial, return_state)  # (B, H, L)
-            return self._output(x, y.transpose(1, 2)), ({"dlr_state": final} if return_state else None)
-        y, final = dlr_scan(
-            u,
-            log_modulus,
-            phase,
-            w,
-            kernel=self.kernel(seq_len),
-            readout=readout,
-            initial_state=initial,
-            return_final_state=return_state,
-        )  # y: (B, H, L)
+        else:
+            kernel = self.kernel(seq_len)
+            y, final = dlr_scan(u, log_modulus, phase, w, kernel, readout, initial, return_state)  # (B, H, L)
         return self._output(x, y.transpose(1, 2)), ({"dlr_state": final} if return_state else None)
 
     def _step(self, x_t, state, mask_t):

@@ -56,6 +56,7 @@ from ..preflight import (
     check_hub_access,
     check_model_config_keys,
     check_output_dir,
+    check_stateful_model,
     make_model_config,
     model_config_class,
 )
@@ -381,7 +382,13 @@ def _check_before_reading_data(config: TrainConfig) -> Path:
     check_data_dir(config.data_dir)
     model_config = build_model_config(config)
     if config.stateful:
-        _check_stateful_model(model_config)
+        check_stateful_model(
+            model_config,
+            "the model",
+            "train it without --stateful (or with --packing)",
+            'set a sliding window in --model_config (e.g. {"attention_window": SEQ_LEN}: each token attends to its '
+            'last W tokens) or drop the attention layers ("attention_layers": [])',
+        )
     if config.tokenizer and not Path(config.tokenizer).exists():
         raise FileNotFoundError(f"tokenizer {config.tokenizer} does not exist")
     output_dir = Path(config.output_dir)
@@ -393,26 +400,6 @@ def _check_before_reading_data(config: TrainConfig) -> Path:
     if config.push_to_hub:
         check_hub_access(config.hub_model_id)
     return output_dir
-
-
-def _check_stateful_model(model_config) -> None:
-    """Raise ValueError when ``--stateful`` cannot carry the model's state from window to window: only
-    ssmhub models have a cache of fixed size, and a hybrid's attention layers only with a sliding window."""
-    from ..models.auto import FAMILIES
-
-    model_type = model_config.model_type
-    if model_type not in FAMILIES:
-        raise ValueError(
-            f"--stateful needs an ssmhub recurrent model ({', '.join(sorted(FAMILIES))}), whose cache has a fixed "
-            f"size; --model_type {model_type!r} has none: train it without --stateful (or with --packing)"
-        )
-    attention_layers = list(getattr(model_config, "attention_layers", None) or [])
-    if attention_layers and getattr(model_config, "attention_window", None) is None:
-        raise ValueError(
-            f"--stateful: the model has attention layers {attention_layers}, whose cache would keep every key and "
-            'value of a book; set a sliding window in --model_config (e.g. {"attention_window": SEQ_LEN}: each '
-            'token attends to its last W tokens) or drop the attention layers ("attention_layers": [])'
-        )
 
 
 def _check_output_dir_is_free(output_dir: Path) -> None:
