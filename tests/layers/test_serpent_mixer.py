@@ -12,8 +12,10 @@ import torch
 from torch.nn import functional as F
 
 import ssmhub
+from ssmhub.layers import serpent_step
 from ssmhub.layers.mamba import MambaMixer
 from ssmhub.layers.serpent import ResamplingBranch, SerpentMixer
+from ssmhub.layers.serpent_step import stack_branches
 from ssmhub.ops import selective_scan_ref
 
 HIDDEN = 12
@@ -396,3 +398,70 @@ def test_chunks_continued_in_parallel_equal_the_whole_forward_with_gradients(chu
         torch.testing.assert_close(state[name], whole_state[name], rtol=0, atol=0)
     for name in ("inputs", "held", "conv_state", "ssm_state"):
         torch.testing.assert_close(state[name], whole_state[name], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the decode step of all resampling branches at once (ssmhub.layers.serpent_step)
+
+
+def make_mixer(rates=(0.5, 0.1, 0.9), seed=0) -> SerpentMixer:
+    torch.manual_seed(seed)
+    mixer = SerpentMixer(
+        HIDDEN * 4 // 3 * 3 if len(rates) == 3 else HIDDEN, resampling_rates=list(rates), resampling_window=3,
+        num_distance_features=4, **MAMBA,
+    )  # fmt: skip
+    for branch in mixer.resampled:
+        vary_steps(branch)
+    return mixer.eval()
+
+
+def test_mixer_streamed_token_by_token_equals_its_parallel_forward_with_padding():
+    """Three resampling branches (κ 0.5, 0.1, 0.9) stepped together against the parallel forward: outputs, and
+    the clocks, grid counts, window times and counts of every branch exactly; padded rows as in padding_mask."""
+    mixer = make_mixer()
+    mask = padding_mask(17)
+    x = torch.randn(6, 17, mixer.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        whole, whole_state = mixer(x, mask.long(), return_state=True)
+        for split in (0, 5):
+            state = mixer(x[:, :split], mask[:, :split].long(), return_state=True)[1] if split else mixer.init_state(6)
+            outputs = []
+            for t in range(split, 17):
+                y_t, state = mixer(x[:, t : t + 1], mask[:, t : t + 1].long(), state=state, return_state=True)
+                outputs.append(y_t)
+            streamed = torch.cat(outputs, 1)
+            real = mask[:, split:]
+            torch.testing.assert_close(streamed[real], whole[:, split:][real], rtol=1e-5, atol=1e-6)
+            for name in ("clock", "grid_count", "times", "count"):
+                assert torch.equal(state[f"resampled.{name}"], whole_state[f"resampled.{name}"]), name
+            for name, value in state.items():
+                torch.testing.assert_close(value, whole_state[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_stacked_steps_equal_each_branch_steps_bit_for_bit():
+    """Eq. 13 for all branches at once gives each branch's Δ_l of the parallel pass, bit for bit."""
+    mixer = make_mixer()
+    with torch.no_grad():
+        for branch in mixer.resampled:
+            branch.step_proj.weight.normal_()
+        x = torch.randn(4, 300, mixer.hidden_size)
+        stacked = stack_branches(mixer.resampled)
+        streamed = torch.stack([serpent_step._steps(stacked, x[:, t]) for t in range(300)], 1)  # (B, L, R)
+        for r, branch in enumerate(mixer.resampled):
+            assert torch.equal(streamed[..., r], branch.steps(x)[0])
+
+
+def test_kept_stacked_weights_follow_an_in_place_weight_change():
+    """The stacked weights kept between steps are made again after an optimizer-like in-place update."""
+    mixer = make_mixer()
+    x = torch.randn(2, 6, mixer.hidden_size)
+    with torch.no_grad():
+        _, state = mixer(x[:, :5], return_state=True)
+        mixer(x[:, 5:], state=state)  # a step: the stacked weights are kept
+        for branch in mixer.resampled:
+            branch.compress.weight.mul_(1.5)
+            branch.mamba.out_proj.weight.add_(0.1)
+        _, state = mixer(x[:, :5], return_state=True)
+        stepped, _ = mixer(x[:, 5:], state=state)
+        whole, _ = mixer(x)
+    torch.testing.assert_close(stepped[:, 0], whole[:, 5], rtol=1e-5, atol=1e-6)

@@ -15,10 +15,12 @@ from ssmhub.ops import (
     grid_sizes,
     nearest_windows,
     resampling_init_state,
+    resampling_lattice,
     resampling_prefill,
     resampling_step,
     resampling_times,
 )
+from ssmhub.ops.resampling import _lattice
 
 # ----------------------------------------------------------------------------------------------------------
 # inputs
@@ -625,3 +627,48 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
         resampling_step(state, torch.zeros(2, 3), steps[:, :2], 1.0)
     with pytest.raises(ValueError, match="mask_t"):
         resampling_step(state, torch.zeros(2, 3), steps[:, 0], 1.0, torch.ones(3))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# several branches stepped at once: rows (B, R) with one lattice per branch
+
+
+def test_lattice_of_a_tensor_equals_the_scalar_lattice_of_each_value():
+    """The on-device lattice (frexp, no host sync) gives each Δ the quantum, units and snapped Δ of the host path."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.cat([torch.exp(8 * torch.randn(500, generator=gen)), torch.tensor([1.0, 0.5, 3.0, 2.0**-20])])
+    lattice = resampling_lattice(values.float())
+    for i, value in enumerate(values.float().tolist()):
+        reference = _lattice(value, torch.device("cpu"))
+        assert lattice.quantum[i].item() == reference.quantum
+        assert lattice.units[i].item() == reference.units
+        assert lattice.delta[i].item() == reference.delta.item()
+    for bad in (torch.tensor([1.0, 0.0]), torch.tensor([float("nan")]), torch.tensor([-1.0, 1.0])):
+        with pytest.raises(ValueError, match="grid_step"):
+            resampling_lattice(bad)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_branches_stepped_at_once_equal_each_branch_alone_bit_for_bit(masked):
+    """resampling_step on rows (B, R), Δ one per branch, equals R calls of (B,) rows with the branch's Δ."""
+    deltas = torch.tensor([1.0, 0.37, 2.5])
+    batch, length, window, hidden = 3, 40, 4, 5
+    steps = torch.stack([_eq13_steps(batch, length, k, d.item(), seed=i) for i, (k, d) in enumerate(
+        zip((0.5, 0.1, 0.9), deltas))], dim=2)  # (B, L, R)
+    mask = _random_mask(batch, length, seed=1) if masked else None
+    x = torch.randn(batch, length, hidden, generator=torch.Generator().manual_seed(2))
+    together = resampling_init_state(batch, window, hidden)
+    together = type(together)(*(t[:, None].repeat(1, 3, *[1] * (t.dim() - 1)) for t in together))  # (B, R, ...)
+    alone = [resampling_init_state(batch, window, hidden) for _ in deltas]
+    lattice = resampling_lattice(deltas)
+    for pos in range(length):
+        mask_t = None if mask is None else mask[:, pos]
+        together, emission = resampling_step(
+            together, x[:, pos, None].expand(batch, 3, hidden), steps[:, pos], lattice,
+            None if mask_t is None else mask_t[:, None].expand(batch, 3),
+        )  # fmt: skip
+        for r, delta in enumerate(deltas):
+            alone[r], em = resampling_step(alone[r], x[:, pos], steps[:, pos, r], delta, mask_t)
+            _assert_state_equal(type(together)(*(t[:, r] for t in together)), alone[r])
+            for name, u, v in zip(em._fields, emission, em):
+                assert torch.equal(u[:, r], v), name

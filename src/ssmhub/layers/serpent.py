@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..ops.resampling import (
     ResamplingState,
@@ -40,13 +41,13 @@ from ..ops.resampling import (
     grid_index,
     nearest_windows,
     resampling_prefill,
-    resampling_step,
     resampling_times,
 )
 from .initial_values import fill_initial_values
 from .mamba import MambaMixer
 from .mixer import TokenMixer
 from .serpent_options import SerpentOptions
+from .serpent_step import stacked_weights, step_branches
 
 __all__ = ["ResamplingBranch", "SerpentMixer", "SerpentOptions"]
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
@@ -129,10 +130,17 @@ class ResamplingBranch(TokenMixer):
         return gate * grid_step * (1 - kappa) + kappa * grid_step, grid_step
 
     def _compress(self, inputs: torch.Tensor, distance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Eq. 12: window inputs (..., K, H), distances and validity (..., K) -> x̄ (..., H_b)."""
+        """Eq. 12: window inputs (..., K, H), distances and validity (..., K) -> x̄ (..., H_b).
+
+        θ_Γ reads ``⊕_k [x_k, ε_k]``; its columns are split into those that read inputs and those that read
+        features, so that the (..., K, H + G) window is never concatenated (a copy K times the size of x)."""
         features = gaussian_distance_features(distance, self.ssm.distance_centers, valid)  # (..., K, G)
-        window = torch.cat([inputs, features.to(inputs.dtype)], dim=-1)  # (..., K, H + G)
-        return self.compress(window.flatten(-2))  # (..., K·(H + G)) -> (..., H_b)
+        hidden = inputs.shape[-1]
+        weight = self.compress.weight.view(self.branch_size, self.window, -1)  # (H_b, K, H + G)
+        x_weight = weight[..., :hidden].reshape(self.branch_size, -1)  # (H_b, K·H)
+        f_weight = weight[..., hidden:].reshape(self.branch_size, -1)  # (H_b, K·G)
+        y = F.linear(inputs.flatten(-2), x_weight.to(inputs.dtype), self.compress.bias.to(inputs.dtype))
+        return y + F.linear(features.to(inputs.dtype).flatten(-2), f_weight.to(inputs.dtype))  # (..., H_b)
 
     # ----------------------------------------------------------------------------- state
     def noncausal_reason(self) -> str:
@@ -241,22 +249,10 @@ class ResamplingBranch(TokenMixer):
     def _step(self, x_t, state, mask_t):
         """One token of the causal mode (:mod:`ssmhub.ops.resampling`): advance the clock, push the token; if it
         crosses t̄_j, compress the window and step the branch Mamba (on those rows only); emit the held ȳ_j (0
-        before the first grid point)."""
-        step_t, grid_step = self.steps(x_t)  # (B,)
-        stream = ResamplingState(*(state[name] for name in _STREAM_FIELDS))
-        stream, emission = resampling_step(stream, x_t.float(), step_t, grid_step, mask_t)
-        held = state["held"]
-        mamba_state = {name: state[name] for name in ("conv_state", "ssm_state")}
-        if bool(emission.emitted.any()):
-            x_bar = self._compress(emission.inputs.to(x_t.dtype), emission.distance, emission.valid)  # (B, H_b)
-            y_t, stepped = self.mamba.step(x_bar, mamba_state)
-            emitted = emission.emitted
-            held = torch.where(emitted[:, None], y_t.float(), held)
-            mamba_state = {
-                name: torch.where(emitted.view(-1, *[1] * (value.dim() - 1)), stepped[name], value)
-                for name, value in mamba_state.items()
-            }
-        return held.to(x_t.dtype), {**stream._asdict(), "held": held, **mamba_state}
+        before the first grid point). The step of a mixer's branches at once (:func:`step_branches`), R = 1."""
+        stacked = {name: value.unsqueeze(1) for name, value in state.items()}  # (B, 1, ...)
+        y_t, new_state = step_branches(stacked_weights(self, [self]), x_t, stacked, mask_t)
+        return y_t[:, 0], {name: value[:, 0] for name, value in new_state.items()}
 
     def extra_repr(self) -> str:
         return f"resampling_rate={self.resampling_rate}, window={self.window}, mode={self.mode!r}"
@@ -284,25 +280,30 @@ class SerpentMixer(TokenMixer):
             ResamplingBranch(hidden_size, self.branch_size, kappa, options) for kappa in options.resampling_rates
         )
 
-    def _branches(self) -> list[tuple[str, nn.Module]]:
-        return [("base", self.base), *((f"resampled{i}", b) for i, b in enumerate(self.resampled))]
-
-    @staticmethod
-    def _substate(state: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torch.Tensor] | None:
-        if state is None:
-            return None
-        return {name[len(prefix) + 1 :]: value for name, value in state.items() if name.startswith(prefix + ".")}
-
     def noncausal_reason(self) -> str:
         return _FAITHFUL_HAS_NO_STATE
 
     def state_layout(self, batch_size: int, dtype=None):
-        """Every branch's state, flattened as ``"<branch>.<field>"`` (the cache holds flat dicts)."""
-        return {
-            f"{prefix}.{name}": spec
-            for prefix, branch in self._branches()
-            for name, spec in branch.state_layout(batch_size, dtype).items()
-        }
+        """``"base.<field>"``: the base Mamba's state; ``"resampled.<field>"``: the resampling branches' states
+        stacked after the batch dim, (B, R, ...), as their decode step reads them (:func:`step_branches`)."""
+        layout = {f"base.{name}": spec for name, spec in self.base.state_layout(batch_size, dtype).items()}
+        if len(self.resampled):
+            for name, (shape, kind) in self.resampled[0].state_layout(batch_size, dtype).items():
+                layout[f"resampled.{name}"] = ((shape[0], len(self.resampled), *shape[1:]), kind)
+        return layout
+
+    @staticmethod
+    def _part(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+        """The fields ``"<prefix>.<field>"`` of a mixer state, as ``{field: tensor}``."""
+        return {name[len(prefix) + 1 :]: value for name, value in state.items() if name.startswith(prefix + ".")}
+
+    def _branch_states(self, state):
+        """Per branch, its state (the base's, then each resampling branch's (B, ...) slice), or Nones."""
+        if state is None:
+            return [None] * (1 + len(self.resampled))
+        stacked = self._part(state, "resampled")
+        slices = [{name: value[:, i] for name, value in stacked.items()} for i in range(len(self.resampled))]
+        return [self._part(state, "base"), *slices]
 
     def _forward_documents(self, x, mask, state, return_state, starts):
         """Packed rows, branch by branch: the base Mamba branch in its native packed form (the row's own cost);
@@ -313,23 +314,31 @@ class SerpentMixer(TokenMixer):
     def _forward(self, x, mask, state, return_state, starts=None):
         """x (B, L, H) -> y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
         the block's residual); ``starts`` (B, L) bool or None: document starts of packed rows."""
-        outputs, new_state = [], {}
-        for prefix, branch in self._branches():
-            y, branch_state = branch(x, mask, self._substate(state, prefix), return_state, document_starts=starts)
-            outputs.append(y)
-            if return_state:
-                new_state.update({f"{prefix}.{name}": value for name, value in branch_state.items()})
-        y = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)  # (B, L, H)
-        return y, (new_state if return_state else None)
+        branches = [self.base, *self.resampled]
+        results = [
+            branch(x, mask, branch_state, return_state, document_starts=starts)
+            for branch, branch_state in zip(branches, self._branch_states(state))
+        ]
+        y = torch.cat([y for y, _ in results], dim=-1) if len(results) > 1 else results[0][0]  # (B, L, H)
+        if not return_state:
+            return y, None
+        new_state = {f"base.{name}": value for name, value in results[0][1].items()}
+        if len(results) > 1:
+            for name in results[1][1]:
+                new_state[f"resampled.{name}"] = torch.stack([s[name] for _, s in results[1:]], dim=1)  # (B, R, ...)
+        return y, new_state
 
     def _step(self, x_t, state, mask_t):
-        """One token through every branch; O(1) in the context length."""
-        outputs, new_state = [], {}
-        for prefix, branch in self._branches():
-            y_t, branch_state = branch._step(x_t, self._substate(state, prefix), mask_t)
-            outputs.append(y_t)
-            new_state.update({f"{prefix}.{name}": value for name, value in branch_state.items()})
-        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)), new_state
+        """One token through every branch, O(1) in the context length: the base Mamba, then the resampling
+        branches all at once on their stacked weights and states (:func:`step_branches`)."""
+        y_t, base_state = self.base._step(x_t, self._part(state, "base"), mask_t)
+        new_state = {f"base.{name}": value for name, value in base_state.items()}
+        if not len(self.resampled):
+            return y_t, new_state
+        weights = stacked_weights(self, self.resampled)
+        y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
+        new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
+        return torch.cat([y_t, y_branches.flatten(1)], dim=-1), new_state  # (B, H_b + R·H_b), branch order
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, branch_size={self.branch_size}, mode={self.resampling_mode!r}"

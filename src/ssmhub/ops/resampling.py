@@ -59,6 +59,7 @@ from .precision import float32_math
 __all__ = [
     "MAX_EXACT_TOKENS",
     "ResamplingEmission",
+    "ResamplingLattice",
     "ResamplingState",
     "ResamplingWindows",
     "causal_windows",
@@ -71,6 +72,7 @@ __all__ = [
     "grid_sizes",
     "nearest_windows",
     "resampling_init_state",
+    "resampling_lattice",
     "resampling_prefill",
     "resampling_step",
     "resampling_times",
@@ -385,15 +387,21 @@ def gaussian_distance_features(
 
     Args:
         distance: (...) window distances ``t̄_j − t_k`` (float64 from the window functions).
-        centers: (G,) the learnable μ.
+        centers: (G,) the learnable μ, or one set per branch when several are stepped at once: as many dims
+            as ``distance[..., None]``, broadcasting against it.
         valid: optional bool of distance's shape; features are 0 in invalid slots.
 
     Returns:
         (..., G) in the centers' dtype (at least float32): the distance is cast down once, after the exact
         float64 subtraction. Differentiable in distance and centers.
     """
-    if centers.dim() != 1 or centers.shape[0] < 1:
-        raise ValueError(f"centers must have shape (G,) with G ≥ 1; got {tuple(centers.shape)}")
+    expected = (*distance.shape, centers.shape[-1] if centers.dim() else 0)
+    fits = centers.dim() in (1, len(expected)) and centers.shape[-1] >= 1
+    if not fits or any(c not in (1, e) for c, e in zip(reversed(centers.shape), reversed(expected))):
+        raise ValueError(
+            f"centers must have shape (G,) with G ≥ 1, or (..., G) broadcasting against distance "
+            f"{tuple(distance.shape)}; got {tuple(centers.shape)}"
+        )
     if valid is not None and tuple(valid.shape) != tuple(distance.shape):
         raise ValueError(f"valid must have the shape of distance {tuple(distance.shape)}; got {tuple(valid.shape)}")
     dtype = torch.promote_types(centers.dtype, torch.float32)
@@ -415,9 +423,11 @@ def gather_windows(x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) ->
         raise ValueError(f"index must be int64 of shape (B={batch}, Lg, K); got {index.dtype} {tuple(index.shape)}")
     if tuple(valid.shape) != tuple(index.shape) or valid.dtype != torch.bool:
         raise ValueError(f"valid must be bool of shape {tuple(index.shape)}; got {valid.dtype} {tuple(valid.shape)}")
+    # invalid slots read an appended row of zeros: no mask over the K-times larger windows, forward or backward
+    padded = torch.cat([x, x.new_zeros(batch, 1, hidden)], dim=1)  # (B, L + 1, H)
+    index = torch.where(valid, index, x.shape[1])  # (B, Lg, K)
     flat = index.reshape(batch, -1, 1).expand(-1, -1, hidden)  # (B, Lg·K, H)
-    inputs = x.gather(1, flat).view(*index.shape, hidden)  # (B, Lg, K, H)
-    return torch.where(valid[..., None], inputs, 0.0)
+    return padded.gather(1, flat).view(*index.shape, hidden)  # (B, Lg, K, H)
 
 
 def _check_expand(y_grid: torch.Tensor, t: torch.Tensor) -> None:
@@ -546,12 +556,38 @@ def resampling_prefill(
     )
 
 
+class ResamplingLattice(NamedTuple):
+    """The time lattices of one or more grid steps, elementwise (see "Exact clock" above), built on the device
+    without a host sync: quantum q and Δ float64, units int64 (Δ = units·q exactly)."""
+
+    quantum: torch.Tensor
+    units: torch.Tensor
+    delta: torch.Tensor
+
+
+def resampling_lattice(grid_step: torch.Tensor | float) -> ResamplingLattice:
+    """Δ (a scalar, or a tensor of them: one per branch or row) snapped to its lattice ``q = 2^(⌊log₂Δ⌋ − 28)``
+    elementwise; the numbers of the scalar path for each Δ (frexp and a division by a power of two are exact).
+    ``delta`` carries Δ's gradient straight through. Raises ValueError unless every Δ is positive and finite."""
+    raw = torch.as_tensor(grid_step).to(torch.float64)
+    value = raw.detach()
+    if not torch.compiler.is_compiling() and not bool(((value > 0) & torch.isfinite(value)).all()):
+        raise ValueError(f"grid_step must be positive and finite (Δ); got {value.tolist()}")
+    _, exponent = torch.frexp(value)  # value = m·2^exponent, m ∈ [0.5, 1)
+    quantum = torch.ldexp(torch.ones_like(value), exponent - 1 - _LATTICE_BITS)
+    units = torch.round(value / quantum).long()
+    delta = units * quantum
+    if raw.requires_grad:
+        delta = delta + (raw - value)  # value exactly units·q, gradient of grid_step
+    return ResamplingLattice(quantum, units, delta)
+
+
 @float32_math
 def resampling_step(
     state: ResamplingState,
     x_t: torch.Tensor,
     step_t: torch.Tensor,
-    grid_step: torch.Tensor | float,
+    grid_step: torch.Tensor | float | ResamplingLattice,
     mask_t: torch.Tensor | None = None,
 ) -> tuple[ResamplingState, ResamplingEmission]:
     """One token of the causal resampling (causal mode), O(K·H): advance the clock, push the token, maybe emit.
@@ -562,38 +598,49 @@ def resampling_step(
     ``j = ⌊clock/Δ⌋``: the last K real tokens including this one and their distances ``t̄_j − t_k``, the same
     bits as :func:`causal_windows` on the whole sequence.
 
+    Rows may have more than one leading dim (B, R, ...: several branches stepped at once), written (B,) below.
+
     Args:
         state: from :func:`resampling_init_state`, :func:`resampling_prefill` or a previous step.
-        x_t: (B, H) this token's branch input; step_t: (B,) its step Δ_l (Eq. 13); grid_step: Δ;
+        x_t: (B, H) this token's branch input; step_t: (B,) its step Δ_l (Eq. 13);
+        grid_step: Δ, a scalar or one per row (broadcasting against (B,)), or its :func:`resampling_lattice`;
         mask_t: optional (B,), 1 = real token.
 
     Returns:
         The new state and a :class:`ResamplingEmission` (the layer runs θ_Γ on it and steps its SSM on the
         emitting rows only).
     """
-    batch, window, hidden = state.inputs.shape
-    if tuple(x_t.shape) != (batch, hidden):
-        raise ValueError(f"x_t must have shape (B, H) = {(batch, hidden)} like the state; got {tuple(x_t.shape)}")
-    if tuple(step_t.shape) != (batch,) or not step_t.dtype.is_floating_point:
-        raise ValueError(f"step_t must be a floating tensor of shape (B,) = ({batch},); got {tuple(step_t.shape)}")
-    mask_t = _check_mask(mask_t, (batch,), "mask_t")
-    lattice = _lattice(grid_step, x_t.device)
-    step = _snap_steps(step_t, lattice)  # (B,) float64
-    real = torch.ones(batch, dtype=torch.bool, device=x_t.device) if mask_t is None else mask_t
-    clock = state.clock + torch.where(real, step, 0.0)  # (B,) exact lattice sum
-    shifted_inputs = torch.cat([state.inputs[:, 1:], x_t[:, None].to(state.inputs.dtype)], dim=1)  # (B, K, H)
-    shifted_times = torch.cat([state.times[:, 1:], clock[:, None]], dim=1)  # (B, K)
-    inputs = torch.where(real[:, None, None], shifted_inputs, state.inputs)
-    times = torch.where(real[:, None], shifted_times, state.times)
-    count = torch.where(real, (state.count + 1).clamp(max=window), state.count)
-    grid_count = torch.div(_units(clock, lattice), lattice.units, rounding_mode="floor")  # (B,) ⌊t/Δ⌋
+    *rows, window, hidden = state.inputs.shape
+    rows = tuple(rows)
+    if tuple(x_t.shape) != (*rows, hidden):
+        raise ValueError(f"x_t must have shape (B, H) = {(*rows, hidden)} like the state; got {tuple(x_t.shape)}")
+    if tuple(step_t.shape) != rows or not step_t.dtype.is_floating_point:
+        raise ValueError(f"step_t must be a floating tensor of shape (B,) = {rows}; got {tuple(step_t.shape)}")
+    mask_t = _check_mask(mask_t, rows, "mask_t")
+    lattice = grid_step if isinstance(grid_step, ResamplingLattice) else resampling_lattice(grid_step)
+    raw = step_t.to(torch.float64)
+    step = torch.minimum(torch.round(raw.detach() / lattice.quantum).clamp_(min=0), lattice.units) * lattice.quantum
+    if raw.requires_grad:
+        step = step + (raw - raw.detach())  # snapped value, gradient of step_t
+    if mask_t is not None:
+        step = torch.where(mask_t, step, 0.0)
+    clock = state.clock + step  # (B,) exact lattice sum
+    inputs = torch.cat([state.inputs[..., 1:, :], x_t[..., None, :].to(state.inputs.dtype)], dim=-2)  # (B, K, H)
+    times = torch.cat([state.times[..., 1:], clock[..., None]], dim=-1)  # (B, K)
+    count = (state.count + 1).clamp(max=window)
+    if mask_t is not None:  # a pad pushes nothing
+        inputs = torch.where(mask_t[..., None, None], inputs, state.inputs)
+        times = torch.where(mask_t[..., None], times, state.times)
+        count = torch.where(mask_t, count, state.count)
+    clock_units = torch.round(clock.detach() / lattice.quantum).long()  # (B,)
+    grid_count = torch.div(clock_units, lattice.units, rounding_mode="floor")  # (B,) ⌊t/Δ⌋
     emitted = grid_count > state.grid_count
-    valid = emitted[:, None] & (torch.arange(window, device=x_t.device) >= window - count[:, None])  # (B, K)
-    grid_time = grid_count.to(torch.float64) * lattice.delta  # (B,) t̄_j
+    valid = emitted[..., None] & (torch.arange(window, device=x_t.device) >= window - count[..., None])  # (B, K)
+    grid_time = grid_count * lattice.delta  # (B,) t̄_j, float64
     emission = ResamplingEmission(
         emitted=emitted,
         inputs=torch.where(valid[..., None], inputs, 0.0),
         valid=valid,
-        distance=torch.where(valid, grid_time[:, None] - times, 0.0),
+        distance=torch.where(valid, grid_time[..., None] - times, 0.0),
     )
     return ResamplingState(clock, grid_count, inputs, times, count), emission

@@ -67,9 +67,9 @@ def _check_inputs(
         raise ValueError(
             f"delta must have shape (Bt, T, E) = {(batch, seq_len, channels)} like x; got {tuple(delta.shape)}"
         )
-    if A.dim() != 2 or A.shape[0] != channels:
-        raise ValueError(f"A must have shape (E, N) with E = {channels}; got {tuple(A.shape)}")
-    state_size = A.shape[1]
+    if A.dim() not in (2, 3) or A.shape[-2] != channels or (A.dim() == 3 and A.shape[0] != batch):
+        raise ValueError(f"A must have shape (E, N) or (Bt, E, N) with Bt, E = {batch, channels}; got {tuple(A.shape)}")
+    state_size = A.shape[-1]
     for name, t in (("B", B), ("C", C)):
         if tuple(t.shape) != (batch, seq_len, state_size):
             raise ValueError(
@@ -161,7 +161,8 @@ def selective_step(
 
     Args:
         x_t, delta_t: (Bt, E) input and positive step size Δ_t (softplus already applied).
-        A: (E, N), A ≤ 0.  B_t, C_t: (Bt, N).  D: (E,) or None.  z_t: (Bt, E) gate or None.
+        A: (E, N), A ≤ 0, or (Bt, E, N): one per row (rows of several mixers stepped at once).
+        B_t, C_t: (Bt, N).  D: (E,) or (Bt, E), or None.  z_t: (Bt, E) gate or None.
         state: h_{t-1} (Bt, E, N); None means zeros.
 
     Returns:
@@ -174,14 +175,14 @@ def selective_step(
     batch, channels = x_t.shape
     if tuple(delta_t.shape) != (batch, channels):
         raise ValueError(f"delta_t must have shape (Bt, E) = {(batch, channels)} like x_t; got {tuple(delta_t.shape)}")
-    if A.dim() != 2 or A.shape[0] != channels:
-        raise ValueError(f"A must have shape (E, N) with E = {channels}; got {tuple(A.shape)}")
-    state_size = A.shape[1]
+    if A.dim() not in (2, 3) or A.shape[-2] != channels or (A.dim() == 3 and A.shape[0] != batch):
+        raise ValueError(f"A must have shape (E, N) or (Bt, E, N) with Bt, E = {batch, channels}; got {tuple(A.shape)}")
+    state_size = A.shape[-1]
     for name, t in (("B_t", B_t), ("C_t", C_t)):
         if tuple(t.shape) != (batch, state_size):
             raise ValueError(f"{name} must have shape (Bt, N) = {(batch, state_size)}; got {tuple(t.shape)}")
-    if D is not None and tuple(D.shape) != (channels,):
-        raise ValueError(f"D must have shape (E,) = {(channels,)}; got {tuple(D.shape)}")
+    if D is not None and tuple(D.shape) not in ((channels,), (batch, channels)):
+        raise ValueError(f"D must have shape (E,) = {(channels,)} or (Bt, E); got {tuple(D.shape)}")
     if z_t is not None and tuple(z_t.shape) != (batch, channels):
         raise ValueError(f"z_t must have shape (Bt, E) = {(batch, channels)} like x_t; got {tuple(z_t.shape)}")
     if state is not None and tuple(state.shape) != (batch, channels, state_size):
