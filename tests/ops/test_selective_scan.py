@@ -333,12 +333,12 @@ def test_step_bad_inputs():
     good = {"x_t": x[:, 0], "delta_t": delta[:, 0], "A": A, "B_t": B[:, 0], "C_t": C[:, 0], "D": D}
     good |= {"z_t": z[:, 0], "state": h0}
     cases = [
-        ("x_t", x, r"x_t must have shape \(Bt, E\)"),
+        ("x_t", x[0, 0], r"x_t must have shape \(Bt, E\)"),
         ("delta_t", delta[:1, 0], r"delta_t must have shape \(Bt, E\) = \(2, 3\)"),
         ("A", A.t(), r"A must have shape \(E, N\) with E = 3"),
         ("B_t", B[:, 0, :3], r"B_t must have shape \(Bt, N\) = \(2, 4\)"),
         ("C_t", C, r"C_t must have shape \(Bt, N\)"),
-        ("D", D[None], r"D must have shape \(E,\)"),
+        ("D", D[:2], r"D must have shape \(E,\)"),
         ("z_t", z, r"z_t must have shape \(Bt, E\)"),
         ("state", h0[0], r"state must have shape \(Bt, E, N\) = \(2, 3, 4\)"),
     ]
@@ -346,6 +346,17 @@ def test_step_bad_inputs():
     for name, bad, message in cases:
         with pytest.raises(ValueError, match=message):
             selective_step(**{**good, name: bad})
+
+
+def test_step_of_several_mixers_at_once_equals_each_alone():
+    """Rows (R, Bt, E) with one A and D per mixer, (R, 1, E, N) and (R, 1, E): each mixer's step, bit for bit."""
+    steps = [_inputs(2, 1, 3, 4, seed=seed) for seed in range(3)]
+    stacked = [torch.stack(parts) for parts in zip(*steps)]  # (R, ...) of each input
+    x, delta, A, B, C, D, z, h0 = stacked
+    y, h = selective_step(x[:, :, 0], delta[:, :, 0], A[:, None], B[:, :, 0], C[:, :, 0], D[:, None], z[:, :, 0], h0)
+    for r, (x, delta, A, B, C, D, z, h0) in enumerate(steps):
+        y_r, h_r = selective_step(x[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], D, z[:, 0], h0)
+        assert torch.equal(y[r], y_r) and torch.equal(h[r], h_r)
 
 
 def _pieces_alone(fn, tensors, resets):

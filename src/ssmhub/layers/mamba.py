@@ -22,6 +22,7 @@ Padding: a masked position's input is zeroed before ``in_proj`` and after the co
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -32,8 +33,9 @@ from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .initial_values import fill_initial_values
 from .mamba_options import MambaOptions
 from .mixer import TokenMixer
+from .stacking import kept_stack, stack
 
-__all__ = ["MambaMixer", "MambaOptions"]
+__all__ = ["MambaMixer", "MambaOptions", "MambaStepWeights", "mamba_step", "stack_step_weights"]
 
 
 def _kaiming_uniform_values(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -204,19 +206,12 @@ class MambaMixer(TokenMixer):
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
     def _step(self, x_t, state, mask_t):
-        """One token, O(E·(N + conv_kernel)) besides the projections."""
-        u, z = self.in_proj(x_t).chunk(2, dim=-1)  # (B, E) each
-        window = torch.cat([state["conv_state"].to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (B, E, k), newest last
-        u = (window * self._conv_taps().to(u.dtype)).sum(-1)
-        if self.conv1d.bias is not None:
-            u = u + self.conv1d.bias.to(u.dtype)
-        u = F.silu(u)
-        if mask_t is not None:
-            u = u * mask_t.unsqueeze(-1).to(u.dtype)
-        delta, B, C = self._selective_inputs(u, mask_t)
-        y, ssm_state = selective_step(u, delta, self.A(), B, C, D=self.ssm.D, z_t=z, state=state["ssm_state"])
-        y = self.out_proj(y.to(x_t.dtype))
-        return y, {"conv_state": window[..., 1:].float().contiguous(), "ssm_state": ssm_state}
+        """One token, O(E·(N + conv_kernel)) besides the projections: :func:`mamba_step` with R = 1."""
+        weights = kept_stack(self, [self], lambda: stack_step_weights([self]))
+        y, conv_state, ssm_state = mamba_step(
+            weights, x_t[None], state["conv_state"][None], state["ssm_state"][None], mask_t
+        )  # (1, B, ...) each
+        return y[0], {"conv_state": conv_state[0].contiguous(), "ssm_state": ssm_state[0]}
 
     def extra_repr(self) -> str:
         return (
@@ -224,3 +219,75 @@ class MambaMixer(TokenMixer):
             f"state_size={self.state_size}, conv_kernel={self.conv_kernel}, time_step_rank={self.time_step_rank}, "
             f"output_size={self.output_size}, scan={self.scan!r}"
         )
+
+
+# --------------------------------------------------------------------------------------------- the decode step
+class MambaStepWeights(NamedTuple):
+    """What a decode step reads of R Mamba mixers of one shape, stacked (R = 1: a mixer alone), matmul weights as
+    right operands: in_weight (R, H, 2E), in_bias (R, 1, 2E) or None; conv_taps (R, 1, E, k), conv_bias
+    (R, 1, E) or None; x_weight (R, E, rank + 2N); dt_weight (R, rank, E), dt_bias (R, 1, E); out_weight
+    (R, E, H_out), out_bias (R, 1, H_out) or None; A (R, 1, E, N) float32; D (R, 1, E)."""
+
+    in_weight: torch.Tensor
+    in_bias: torch.Tensor | None
+    conv_taps: torch.Tensor
+    conv_bias: torch.Tensor | None
+    x_weight: torch.Tensor
+    dt_weight: torch.Tensor
+    dt_bias: torch.Tensor
+    out_weight: torch.Tensor
+    out_bias: torch.Tensor | None
+    A: torch.Tensor
+    D: torch.Tensor
+
+
+def stack_step_weights(mixers: list[MambaMixer]) -> MambaStepWeights:
+    """The step weights of ``mixers`` (one shape), stacked along a leading dim."""
+    return MambaStepWeights(
+        in_weight=stack([m.in_proj.weight for m in mixers], transpose=True),
+        in_bias=stack([m.in_proj.bias for m in mixers], middle=True),
+        conv_taps=stack([m._conv_taps() for m in mixers], middle=True),
+        conv_bias=stack([m.conv1d.bias for m in mixers], middle=True),
+        x_weight=stack([m.x_proj.weight for m in mixers], transpose=True),
+        dt_weight=stack([m.dt_proj.weight for m in mixers], transpose=True),
+        dt_bias=stack([m.dt_proj.bias for m in mixers], middle=True),
+        out_weight=stack([m.out_proj.weight for m in mixers], transpose=True),
+        out_bias=stack([m.out_proj.bias for m in mixers], middle=True),
+        A=stack([m.A() for m in mixers], middle=True),
+        D=stack([m.ssm.D for m in mixers], middle=True),
+    )
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Per-mixer ``x W + b``: x (R, B, in), weight (R, in, out), bias (R, 1, out) or None -> (R, B, out)."""
+    weight = weight.to(x.dtype)
+    return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.to(x.dtype), x, weight)
+
+
+def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
+    """One token through R Mamba mixers at once (arXiv 2312.00752 §3.4, the formulas of the module docstring).
+
+    Args:
+        w: :func:`stack_step_weights` of the mixers. x: (R, B, H) each mixer's input. conv_state: (R, B, E, k − 1),
+            the convolution's last inputs, oldest first. ssm_state: (R, B, E, N). mask_t: None or (B,), 0 where the
+            token is padding (it then leaves both states unchanged).
+
+    Returns:
+        y (R, B, H_out) in x's dtype, conv_state (R, B, E, k − 1) and ssm_state (R, B, E, N) float32.
+    """
+    u, z = _linear(x, w.in_weight, w.in_bias).chunk(2, dim=-1)  # (R, B, E) each
+    window = torch.cat([conv_state.to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (R, B, E, k), newest last
+    u = (window * w.conv_taps.to(u.dtype)).sum(-1)
+    if w.conv_bias is not None:
+        u = u + w.conv_bias.to(u.dtype)
+    u = F.silu(u)
+    if mask_t is not None:  # the conv bias made a pad's input nonzero again
+        u = u * mask_t[:, None].to(u.dtype)
+    rank, state_size = w.dt_weight.shape[1], w.A.shape[-1]
+    time_step, B, C = torch.split(_linear(u, w.x_weight, None), [rank, state_size, state_size], dim=-1)
+    delta = F.softplus(_linear(time_step, w.dt_weight, w.dt_bias).float())  # (R, B, E): Δ = softplus(δ W_dt + b_dt)
+    if mask_t is not None:  # Δ = 0: the pad leaves the SSM state unchanged
+        delta = delta * mask_t[:, None].to(delta.dtype)
+    y, ssm_state = selective_step(u, delta, w.A, B, C, D=w.D, z_t=z, state=ssm_state)  # (R, B, E), (R, B, E, N)
+    y = _linear(y.to(x.dtype), w.out_weight, w.out_bias)  # (R, B, H_out)
+    return y, window[..., 1:].float(), ssm_state

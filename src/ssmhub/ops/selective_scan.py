@@ -67,9 +67,9 @@ def _check_inputs(
         raise ValueError(
             f"delta must have shape (Bt, T, E) = {(batch, seq_len, channels)} like x; got {tuple(delta.shape)}"
         )
-    if A.dim() not in (2, 3) or A.shape[-2] != channels or (A.dim() == 3 and A.shape[0] != batch):
-        raise ValueError(f"A must have shape (E, N) or (Bt, E, N) with Bt, E = {batch, channels}; got {tuple(A.shape)}")
-    state_size = A.shape[-1]
+    if A.dim() != 2 or A.shape[0] != channels:
+        raise ValueError(f"A must have shape (E, N) with E = {channels}; got {tuple(A.shape)}")
+    state_size = A.shape[1]
     for name, t in (("B", B), ("C", C)):
         if tuple(t.shape) != (batch, seq_len, state_size):
             raise ValueError(
@@ -160,9 +160,10 @@ def selective_step(
     """One time step of the selective SSM (recurrent decoding), O(E·N) whatever t is.
 
     Args:
-        x_t, delta_t: (Bt, E) input and positive step size Δ_t (softplus already applied).
-        A: (E, N), A ≤ 0, or (Bt, E, N): one per row (rows of several mixers stepped at once).
-        B_t, C_t: (Bt, N).  D: (E,) or (Bt, E), or None.  z_t: (Bt, E) gate or None.
+        x_t, delta_t: (Bt, E) input and positive step size Δ_t (softplus already applied). Rows may have more
+            than one leading dim, (R, Bt, E) for R mixers stepped at once; written (Bt,) below.
+        A: (E, N), A ≤ 0, or one per mixer: (R, 1, E, N), broadcasting against (Bt, E, N).
+        B_t, C_t: (Bt, N).  D: (E,), or broadcasting against (Bt, E), or None.  z_t: (Bt, E) gate or None.
         state: h_{t-1} (Bt, E, N); None means zeros.
 
     Returns:
@@ -170,32 +171,40 @@ def selective_step(
         float64 for float64 inputs), exactly one step of :func:`selective_scan_ref`:
         ``h_t = exp(Δ_t·A)·h_{t-1} + Δ_t·B_t·x_t``, ``y_t = (C_t·h_t + D·x_t)·silu(z_t)``.
     """
-    if x_t.dim() != 2:
+    if x_t.dim() < 2:
         raise ValueError(f"x_t must have shape (Bt, E); got {tuple(x_t.shape)}")
-    batch, channels = x_t.shape
-    if tuple(delta_t.shape) != (batch, channels):
-        raise ValueError(f"delta_t must have shape (Bt, E) = {(batch, channels)} like x_t; got {tuple(delta_t.shape)}")
-    if A.dim() not in (2, 3) or A.shape[-2] != channels or (A.dim() == 3 and A.shape[0] != batch):
-        raise ValueError(f"A must have shape (E, N) or (Bt, E, N) with Bt, E = {batch, channels}; got {tuple(A.shape)}")
-    state_size = A.shape[-1]
-    for name, t in (("B_t", B_t), ("C_t", C_t)):
-        if tuple(t.shape) != (batch, state_size):
-            raise ValueError(f"{name} must have shape (Bt, N) = {(batch, state_size)}; got {tuple(t.shape)}")
-    if D is not None and tuple(D.shape) not in ((channels,), (batch, channels)):
-        raise ValueError(f"D must have shape (E,) = {(channels,)} or (Bt, E); got {tuple(D.shape)}")
-    if z_t is not None and tuple(z_t.shape) != (batch, channels):
-        raise ValueError(f"z_t must have shape (Bt, E) = {(batch, channels)} like x_t; got {tuple(z_t.shape)}")
-    if state is not None and tuple(state.shape) != (batch, channels, state_size):
+    *rows, channels = x_t.shape
+    rows = tuple(rows)
+    if tuple(delta_t.shape) != (*rows, channels):
+        raise ValueError(f"delta_t must have shape (Bt, E) = {(*rows, channels)} like x_t; got {tuple(delta_t.shape)}")
+    state_size = A.shape[-1] if A.dim() >= 2 else 0
+    if not _broadcasts(A, (*rows, channels, state_size)) or A.shape[-2] != channels:
         raise ValueError(
-            f"state must have shape (Bt, E, N) = {(batch, channels, state_size)}; got {tuple(state.shape)}"
+            f"A must have shape (E, N) with E = {channels}, or broadcast against (Bt, E, N); got {tuple(A.shape)}"
+        )
+    for name, t in (("B_t", B_t), ("C_t", C_t)):
+        if tuple(t.shape) != (*rows, state_size):
+            raise ValueError(f"{name} must have shape (Bt, N) = {(*rows, state_size)}; got {tuple(t.shape)}")
+    if D is not None and not _broadcasts(D, (*rows, channels)):
+        raise ValueError(f"D must have shape (E,) = {(channels,)} or broadcast against (Bt, E); got {tuple(D.shape)}")
+    if z_t is not None and tuple(z_t.shape) != (*rows, channels):
+        raise ValueError(f"z_t must have shape (Bt, E) = {(*rows, channels)} like x_t; got {tuple(z_t.shape)}")
+    if state is not None and tuple(state.shape) != (*rows, channels, state_size):
+        raise ValueError(
+            f"state must have shape (Bt, E, N) = {(*rows, channels, state_size)}; got {tuple(state.shape)}"
         )
     dtype = _compute_dtype(x_t, delta_t, A, B_t, C_t, D, z_t, state)
     xc, dc = x_t.to(dtype), delta_t.to(dtype)
-    h = xc.new_zeros(batch, channels, state_size) if state is None else state.to(dtype)
+    h = xc.new_zeros(*rows, channels, state_size) if state is None else state.to(dtype)
     decay = torch.exp(dc.unsqueeze(-1) * A.to(dtype))  # (Bt, E, N): exp(Δ_t·A)
-    h = decay * h + (dc * xc).unsqueeze(-1) * B_t.to(dtype).unsqueeze(1)  # (Bt, E, N)
+    h = decay * h + (dc * xc).unsqueeze(-1) * B_t.to(dtype).unsqueeze(-2)  # (Bt, E, N)
     y = torch.matmul(h, C_t.to(dtype).unsqueeze(-1)).squeeze(-1)  # (Bt, E)
     return _skip_and_gate(y, xc, D, z_t, dtype).to(x_t.dtype), h
+
+
+def _broadcasts(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Whether ``t`` broadcasts against ``shape`` to exactly ``shape``."""
+    return t.dim() <= len(shape) and all(a in (1, b) for a, b in zip(reversed(t.shape), reversed(shape)))
 
 
 class _Workspace:

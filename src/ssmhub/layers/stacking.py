@@ -1,0 +1,44 @@
+"""Weights of several same-shaped modules stacked along a leading dim, for a decode step that runs them at once.
+
+A decode step is hundreds of small tensor ops, whose number, not their arithmetic, sets its cost on a CPU; modules
+of one shape (SeRpEnt's resampling branches and their Mambas) run a step together when their weights are stacked
+(R, ...) and their matmuls batched. Stacking copies the weights, so :func:`kept_stack` keeps the stack between
+steps and makes it again only when a weight changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+__all__ = ["kept_stack", "stack"]
+
+Stacked = TypeVar("Stacked")
+
+
+def stack(tensors: Sequence[torch.Tensor | None], *, transpose: bool = False, middle: bool = False):
+    """The tensors stacked along a new dim 0, (R, ...), or None if the first is None (an absent bias).
+
+    ``transpose``: 2-d weights (out, in) as (R, in, out), the right operand of a batched matmul; ``middle``:
+    (R, 1, ...), broadcasting over the batch rows of a (R, B, ...) activation."""
+    if tensors[0] is None:
+        return None
+    stacked = torch.stack([t.t() if transpose else t for t in tensors])
+    return stacked.unsqueeze(1) if middle else stacked
+
+
+def kept_stack(owner: nn.Module, modules: Sequence[nn.Module], build: Callable[[], Stacked]) -> Stacked:
+    """``build()``, kept on ``owner`` between decode steps and made again when a weight of ``modules`` changed (its
+    version counter, storage or dtype: an optimizer step, a load, a ``.to``), when gradients are on (the stack
+    must carry them) or under ``torch.compile`` (which fuses the stacking into the step)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return build()
+    key = tuple((p.data_ptr(), p._version, p.dtype) for module in modules for p in module.parameters())
+    kept = owner.__dict__.get("_kept_stack")
+    if kept is None or kept[0] != key:
+        kept = (key, build())
+        owner.__dict__["_kept_stack"] = kept  # a plain attribute: not a buffer, not in the state dict
+    return kept[1]
