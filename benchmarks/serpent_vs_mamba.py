@@ -74,6 +74,29 @@ def decode_ms(model, context: int, steps: int) -> float:
     return 1e3 * (time.perf_counter() - start) / steps
 
 
+def decode_ops(model, steps: int = 8) -> float:
+    """Tensor ops dispatched per decode token (after a 16-token prompt): a count that, unlike ms/token, does not
+    depend on what else the machine is doing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(ids, use_cache=True, logits_to_keep=1)
+        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+        model(token, cache=cache, use_cache=True)
+        with Count():
+            for _ in range(steps):
+                token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    return Count.calls / steps
+
+
 def train_s(model, length: int, batch: int) -> float:
     ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length))
     model.zero_grad(set_to_none=True)
@@ -85,7 +108,7 @@ def train_s(model, length: int, batch: int) -> float:
 def worker(args) -> dict:
     torch.set_num_threads(1)
     models = {"mamba": build(args, []), "serpent": build(args, [0.5, 0.1])}
-    result = {}
+    result = {"decode ops/token": {name: decode_ops(model.eval()) for name, model in models.items()}}
     for context in args.contexts:
         for model in models.values():
             model.eval()
@@ -141,15 +164,14 @@ def main(argv=None) -> int:
             print(f"round {round_ + 1} {label}: {json.dumps(runs[label][-1])}", flush=True)
     rows = []
     for measure in runs["this tree"][0]:
-        unit = "ms/token" if measure.startswith("decode") else "s/step"
+        unit = "" if measure.endswith("ops/token") else "ms/token" if measure.startswith("decode") else "s/step"
         for label in trees:
             mamba = median([r[measure]["mamba"] for r in runs[label]])
             serpent = median([r[measure]["serpent"] for r in runs[label]])
             ratios = [r[measure]["serpent"] / r[measure]["mamba"] for r in runs[label]]
-            rows.append(
-                [measure, label, f"{mamba:.3g} {unit}", f"{serpent:.3g} {unit}", f"**{median(ratios):.2f}×**",
-                 f"{min(ratios):.2f}–{max(ratios):.2f}"]
-            )  # fmt: skip
+            values = [f"{value:.3g} {unit}".strip() for value in (mamba, serpent)]
+            ratio, spread = f"**{median(ratios):.2f}×**", f"{min(ratios):.2f}–{max(ratios):.2f}"
+            rows.append([measure, label, *values, ratio, spread])
     headers = ["measure", "source", "Mamba", "SeRpEnt [0.5, 0.1]", "SeRpEnt ÷ Mamba (median of rounds)", "range"]
     table = markdown_table(headers, rows)
     print(table)
