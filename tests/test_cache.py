@@ -75,6 +75,9 @@ def test_crop_returns_to_any_recorded_state_and_drops_the_rest():
     assert cache.get(0)["s"].eq(5).all() and cache.get_seq_length() == 5
     cache.crop(0)  # transformers 5.24 calls this after every verification: nothing removed
     assert cache.get_seq_length() == 5 and cache.snapshot_bytes() == 0
+    _forward(cache, [6, 7])
+    cache.crop(torch.tensor(-1))  # transformers 5.17 passes a 0-dim integer tensor
+    assert cache.get(0)["s"].eq(6).all() and cache.get_seq_length() == 6
 
 
 def test_a_crop_reaches_back_across_several_recorded_forwards():
@@ -114,7 +117,7 @@ def test_records_survive_in_place_updates_and_follow_beam_reordering():
     assert cache.get(0)["s"][:, 0].tolist() == [2.0, 2.0]
 
 
-@pytest.mark.parametrize("bad", [-4, 7, 2.0])
+@pytest.mark.parametrize("bad", [-4, 7, 2.0, torch.tensor(-1.0), torch.tensor([-1, -1])])
 def test_crop_beyond_what_was_absorbed_or_kept_names_the_argument(bad):
     cache = RecurrentCache(1)
     cache.update(0, {"s": torch.zeros(1, 2)})

@@ -262,6 +262,9 @@ class RecurrentCache:
 
     def _crop_target(self, tokens_to_remove: int) -> int:
         """The token count a crop returns to, checked (see :meth:`crop`)."""
+        integral = isinstance(tokens_to_remove, torch.Tensor) and tokens_to_remove.numel() == 1
+        if integral and not (tokens_to_remove.is_floating_point() or tokens_to_remove.dtype == torch.bool):
+            tokens_to_remove = int(tokens_to_remove)  # what transformers 5.17 passes: a 0-dim tensor
         if isinstance(tokens_to_remove, bool) or not isinstance(tokens_to_remove, int):
             raise ValueError(f"tokens_to_remove must be an integer; got {tokens_to_remove!r}")
         target = self.seen_tokens + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
