@@ -150,7 +150,7 @@ class RecurrentCache:
             return
         for name, tensor in state.items():
             if current[name].shape == tensor.shape and current[name].dtype == tensor.dtype:
-                current[name].copy_(tensor.detach())
+                current[name].copy_(tensor)  # no state here carries gradients (the branch above)
             else:  # e.g. the key/value cache of an attention layer grows
                 current[name] = tensor.detach().clone()
 
