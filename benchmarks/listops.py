@@ -179,16 +179,16 @@ def report(records: list[dict], args, baselines: dict) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    done = {(r["model"], json.dumps(r["settings"], sort_keys=True)) for r in read_jsonl(JSONL)}
+    key = json.dumps(settings(args), sort_keys=True)
     if not args.report_only:
         for name in args.models.split(","):
-            if (name, json.dumps(settings(args), sort_keys=True)) in done:
+            done = {(r["model"], json.dumps(r["settings"], sort_keys=True)) for r in read_jsonl(JSONL)}
+            if (name, key) in done:  # read before each run: another invocation may be filling the same file
                 print(f"{name}: already in {JSONL}, skipped", flush=True)
                 continue
             record = run_one(name, args)
             append_jsonl(JSONL, record)
             print(json.dumps({k: record[k] for k in ("model", "steps", "eval_accuracy", "test_accuracy")}), flush=True)
-    key = json.dumps(settings(args), sort_keys=True)
     records = [r for r in read_jsonl(JSONL) if json.dumps(r["settings"], sort_keys=True) == key]
     path = write_report("listops", "LRA ListOps at an equal CPU budget", report(records, args, label_baselines(args)))
     print(f"wrote {path}")
