@@ -31,6 +31,9 @@ setup(
             "ruff>=0.6",
             "tensorboard",
             "peft>=0.17",  # examples/peft (LoRA); depends on torch, which the Makefile installs first (CPU wheel)
+            # tests/examples/test_lm_eval.py; takes the installed torch (no CUDA build), adds scipy,
+            # scikit-learn, sacrebleu, nltk, rouge-score and a few small packages
+            "lm_eval>=0.4.13,<0.5",
             # the fused FlashButterfly kernel (ssmhub.ops.triton), tested on CPU under TRITON_INTERPRET=1;
             # the wheel depends on nothing else, so it never pulls a CUDA torch
             "triton>=3.5; sys_platform == 'linux'",

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
         metrics.update(trainer.train().metrics)
         trainer.save_model()
         trainer.save_metrics("train", metrics)
+        trainer.save_state()  # trainer_state.json: the log history (losses per step)
     if training_args.do_eval:
         eval_metrics = trainer.evaluate()
         trainer.save_metrics("eval", eval_metrics)

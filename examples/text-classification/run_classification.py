@@ -8,6 +8,8 @@ to small sizes; the LRA release's are 96000 / 2000 / 2000 expressions of 500-2,0
 tokenizer has 17 ids). ``--listops_subtrees`` trains ListOps-SubTrees (arXiv:2212.00768 §3.4) with
 ``...ForTokenClassification``: a value at every closing bracket. Your own data: ``--train_file`` and
 ``--validation_file`` (CSV or JSON) with ``--text_column`` and ``--label_column`` (integer labels).
+``--max_train_minutes`` trains for a time budget instead of ``--max_steps`` (CPU time of the process by
+default; ``--eval_every_minutes`` for a curve, ``--torch_num_threads`` to pin the threads).
 
     python examples/text-classification/run_classification.py --output_dir runs/listops --do_train --do_eval \\
         --listops_min_length 20 --listops_max_length 100 --max_steps 20
@@ -33,7 +35,7 @@ from transformers import (
 from ssmhub.data.listops import NUM_CLASSES, ListOpsSpec
 from ssmhub.data.listops_hf import listops_dataset_dict, listops_tokenizer
 from ssmhub.metrics.trainer_hooks import ClassificationMetrics
-from ssmhub.script_arguments import ModelArguments, build_model, load_script_tokenizer
+from ssmhub.script_arguments import BudgetArguments, ModelArguments, build_model, load_script_tokenizer
 
 
 @dataclass
@@ -103,8 +105,9 @@ def tokenize(data: datasets.DatasetDict, tokenizer, args: DataArguments) -> data
 def main(argv: list[str] | None = None) -> dict:
     """Parse the flags (or ``argv``), train and/or evaluate (validation, then the test split when there is
     one); returns the metrics."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments, BudgetArguments))
+    model_args, data_args, training_args, budget_args = parser.parse_args_into_dataclasses(args=argv)
+    callbacks = budget_args.callbacks()
     transformers.set_seed(training_args.seed)
     data, num_labels = load_data(data_args, model_args.cache_dir)
     listops = data_args.train_file is None
@@ -124,12 +127,14 @@ def main(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=ClassificationMetrics(data_args.metric, "subtrees" if per_token else None),
+        callbacks=callbacks,
     )
     metrics = {}
     if training_args.do_train:
         metrics.update(trainer.train().metrics)
         trainer.save_model()
         trainer.save_metrics("train", metrics)
+        trainer.save_state()  # trainer_state.json: the log history, eval curves included
     if training_args.do_eval:
         for split, prefix in (("validation", "eval"), ("test", "test")):
             if split in data:

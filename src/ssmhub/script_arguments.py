@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ModelArguments", "build_model", "load_script_tokenizer", "parse_config_overrides"]
+__all__ = ["BudgetArguments", "ModelArguments", "build_model", "load_script_tokenizer", "parse_config_overrides"]
 
 DEFAULT_TOKENIZER = "tokenizers/gpt2"  # under $SSMHUB_DATA_DIR, GPT-2's byte-level BPE
 
@@ -42,6 +42,39 @@ class ModelArguments:
         metadata={"help": f"Tokenizer folder or file; default the model's, else $SSMHUB_DATA_DIR/{DEFAULT_TOKENIZER}."},
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Where downloads and datasets' files go."})
+
+
+@dataclass
+class BudgetArguments:
+    """A training budget in minutes instead of steps, and the CPU threads, for comparing models at equal cost."""
+
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "Stop training after this many minutes (evaluation excluded); else steps."}
+    )
+    budget_clock: str = field(
+        default="cpu", metadata={"help": "Clock of --max_train_minutes: cpu (this process's CPU time) or wall."}
+    )
+    eval_every_minutes: float | None = field(
+        default=None, metadata={"help": "Evaluate every this many budget minutes (an accuracy curve over time)."}
+    )
+    torch_num_threads: int | None = field(default=None, metadata={"help": "torch.set_num_threads (default: torch's)."})
+
+    def callbacks(self) -> list:
+        """Sets the thread count; returns the ``Trainer`` callbacks of the budget (none without one)."""
+        import torch
+
+        if self.torch_num_threads is not None:
+            if self.torch_num_threads < 1:
+                raise ValueError(f"--torch_num_threads must be >= 1; got {self.torch_num_threads}")
+            torch.set_num_threads(self.torch_num_threads)
+        if self.max_train_minutes is None:
+            if self.eval_every_minutes is not None:
+                raise ValueError("--eval_every_minutes needs --max_train_minutes (it counts budget minutes)")
+            return []
+        from .training.time_budget import TimeBudgetCallback
+
+        every = None if self.eval_every_minutes is None else 60 * self.eval_every_minutes
+        return [TimeBudgetCallback(60 * self.max_train_minutes, clock=self.budget_clock, eval_every=every)]
 
 
 def parse_config_overrides(text: str | None) -> dict:

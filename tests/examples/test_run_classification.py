@@ -3,6 +3,8 @@ user's CSV, through Trainer, DataCollatorWithPadding and ssmhub's listops_accura
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from example_helpers import load_example
@@ -55,3 +57,19 @@ def test_missing_column_is_refused_by_flag(tmp_path):
     (tmp_path / "train.csv").write_text("text,y\nthe cat,1\n", encoding="utf-8")
     with pytest.raises(ValueError, match="--label_column"):
         _run(tmp_path, "--train_file", str(tmp_path / "train.csv"), "--cache_dir", str(tmp_path / "cache"))
+
+
+def test_a_time_budget_replaces_max_steps_and_logs_its_curve(tmp_path):
+    """--max_train_minutes stops long before --max_steps; --eval_every_minutes leaves evaluations with their
+    budget seconds in trainer_state.json (benchmarks/listops.py reads them as its curves)."""
+    _run(tmp_path, "--max_steps", "100000", "--max_train_minutes", "0.01", "--eval_every_minutes", "0.004",
+         "--torch_num_threads", "1")  # fmt: skip
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    curve = [entry["train_budget_seconds"] for entry in state["log_history"] if "eval_accuracy" in entry]
+    assert len(curve) >= 2 and curve == sorted(curve) and curve[-1] >= 0.6
+    assert state["global_step"] < 100000
+
+
+def test_eval_every_minutes_needs_a_budget(tmp_path):
+    with pytest.raises(ValueError, match="--eval_every_minutes"):
+        _run(tmp_path, "--eval_every_minutes", "1")
