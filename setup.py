@@ -34,6 +34,10 @@ setup(
             # the fused FlashButterfly kernel (ssmhub.ops.triton), tested on CPU under TRITON_INTERPRET=1;
             # the wheel depends on nothing else, so it never pulls a CUDA torch
             "triton>=3.5; sys_platform == 'linux'",
+            # ssmhub.export's tests: the ONNX export (torch.onnx.export(dynamo=True)) and running it
+            "onnx>=1.17",
+            "onnxscript>=0.3",
+            "onnxruntime>=1.20",
         ]
     },
     entry_points={
