@@ -42,7 +42,12 @@ def _compile_config(backend: str) -> CompileConfig:
     return config
 
 
-def _generate_compiled(model, prompt, backend):
+def _compiled_decodes_as_generate(family, backend: str) -> int:
+    """Assert that generate with the decode step compiled by ``backend`` gives eager generate's tokens; returns the
+    number of graphs Dynamo captured."""
+    model = _model(family)
+    prompt = random_ids(1, PROMPT)
+    expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
     torch._dynamo.reset()
     counters.clear()
     cache = model.static_cache(1, PROMPT + NEW_TOKENS)
@@ -55,7 +60,8 @@ def _generate_compiled(model, prompt, backend):
     )
     graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
-    return tokens, graphs
+    assert torch.equal(tokens, expected)
+    return graphs
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f.causal_lm is not None], ids=lambda f: f.name)
@@ -76,24 +82,15 @@ def test_a_static_cache_decodes_as_generate_in_place(family):
 @pytest.mark.parametrize("family", _params())
 @torch.no_grad()
 def test_the_compiled_decode_step_has_no_graph_break(family):
-    model = _model(family)
-    prompt = random_ids(1, PROMPT)
-    expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
-    tokens, graphs = _generate_compiled(model, prompt, "eager")
-    assert torch.equal(tokens, expected)
     # one graph, and one more once the token count becomes a dynamic size (Dynamo's automatic dynamic shapes)
-    assert graphs <= 2
+    assert _compiled_decodes_as_generate(family, "eager") <= 2
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", _params(fast=()))
 @torch.no_grad()
 def test_the_inductor_compiled_decode_step_decodes_as_generate(family):
-    model = _model(family)
-    prompt = random_ids(1, PROMPT)
-    expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
-    tokens, _ = _generate_compiled(model, prompt, "inductor")
-    assert torch.equal(tokens, expected)
+    _compiled_decodes_as_generate(family, "inductor")
 
 
 def test_static_cache_arguments_are_checked():
