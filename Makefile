@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SSMHUB_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export SSMHUB_DATA_DIR
 
-.PHONY: venv demo test test-all lint bench clean
+.PHONY: venv demo test test-all test-oldest-transformers lint bench clean
 
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,23 @@ test: lint
 test-all: lint
 	$(PY) -m pytest -q -m ""
 
+# The oldest transformers setup.py admits, with the packages it needs, in a folder put ahead of the venv's own
+# (torch stays the venv's): the causal-LM conformance checks and the imports must pass with it too.
+OLDEST_TRANSFORMERS := $(shell sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' setup.py)
+OLDEST_DIR := .oldest-transformers
+$(OLDEST_DIR)/.installed: setup.py
+	rm -rf $(OLDEST_DIR)
+	$(PY) -m pip install -q --target $(OLDEST_DIR) "transformers==$(OLDEST_TRANSFORMERS)"
+	touch $@
+
+test-oldest-transformers: venv $(OLDEST_DIR)/.installed
+	PYTHONPATH=$(OLDEST_DIR) $(PY) -c 'import transformers; assert transformers.__version__ == "$(OLDEST_TRANSFORMERS)", transformers.__version__'
+	PYTHONPATH=$(OLDEST_DIR) $(PY) -m pytest -q tests/test_imports.py tests/conformance/test_causal_lm.py
+
 bench: venv
 	$(PY) benchmarks/decode_vs_context.py
 	$(PY) benchmarks/fftconv_vs_direct.py
 	$(PY) benchmarks/train_throughput.py
 
 clean:
-	rm -rf $(VENV) runs build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_DIR) runs build dist src/*.egg-info .pytest_cache .ruff_cache

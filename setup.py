@@ -14,7 +14,7 @@ setup(
     install_requires=[
         # install torch first (the CPU wheel) so that this range does not pull a multi-GB CUDA build
         "torch>=2.4",
-        "transformers>=5.0,<6",
+        "transformers>=5.4.0,<6",  # 5.0-5.3 cannot import ssmhub (huggingface_hub @strict on configs); make test-oldest-transformers
         "accelerate>=1.0",
         "datasets>=3.0",
         "tokenizers>=0.20",
@@ -37,6 +37,10 @@ setup(
             # the fused FlashButterfly kernel (ssmhub.ops.triton), tested on CPU under TRITON_INTERPRET=1;
             # the wheel depends on nothing else, so it never pulls a CUDA torch
             "triton>=3.5; sys_platform == 'linux'",
+            # ssmhub.export's tests: the ONNX export (torch.onnx.export(dynamo=True)) and running it
+            "onnx>=1.17",
+            "onnxscript>=0.3",
+            "onnxruntime>=1.20",
         ]
     },
     entry_points={

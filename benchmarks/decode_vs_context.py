@@ -30,7 +30,17 @@ preallocated ``transformers.StaticCache`` (max_cache_len = ctx + max(warmup, ste
 its write position reset to ctx after every block), which appends in place; it is timed in the same
 interleaved rounds (DLR, GPT-2 DynamicCache, GPT-2 StaticCache).
 
-Run: ``python benchmarks/decode_vs_context.py`` (about 5 minutes on 2 CPU cores with the defaults).
+Compiled decode and the byte floor (issue 28 §1; skipped with ``--no-compile``): DLR also decodes through a
+preallocated cache (``model.static_cache``) with ``torch.compile(model.forward, fullgraph=True)`` (Inductor),
+and GPT-2 with its StaticCache through ``torch.compile(gpt2.forward, fullgraph=True)`` (no attention mask: batch 1
+has no padding), both timed in the same interleaved rounds. DLR's byte floor is the bytes a decode step must read
+(every weight once, the tied LM head included, plus the recurrent state read and written) divided by this
+machine's memory bandwidth, measured in the same run before every round as the median of copies of a 256 MB
+tensor (bytes read + written per second). Reported: each time, the floor as a fraction of the compiled DLR time
+(1 = at the floor), and DLR's speed over GPT-2 StaticCache's, eager vs eager and compiled vs compiled.
+
+Run: ``python benchmarks/decode_vs_context.py`` (about 5 minutes on 2 CPU cores with the defaults, plus the
+compiles of the compiled rows).
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--state-size", type=int, default=128, help="DLR state size N")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: leave torch's choice)")
     p.add_argument("--no-static-cache", action="store_true", help="skip the GPT-2 StaticCache reference timing")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled rows and the byte floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; do not write the results file")
     return p.parse_args(argv)
@@ -161,6 +172,50 @@ def gpt2_crop(cache: DynamicCache | StaticCache, ctx: int) -> None:
         cache.crop(-extra)
 
 
+def gpt2_static_decode(forward, cache: StaticCache, token: torch.Tensor, steps: int) -> torch.Tensor:
+    """GPT-2 steps through ``forward`` (compiled) and a StaticCache, without an attention mask (batch 1, no padding:
+    a mask growing by one column per step would recompile every step)."""
+    for _ in range(steps):
+        out = forward(token, use_cache=True, **{CACHE_FIELD: cache})
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+    return token
+
+
+def recurrent_static_prefill(model, ctx: int, generator: torch.Generator, max_length: int):
+    """Prefill ``ctx`` random tokens into a preallocated cache (``model.static_cache``); the cache and next token."""
+    cache = model.static_cache(1, max_length)
+    ids = torch.randint(0, model.config.vocab_size, (1, ctx), generator=generator)
+    out = model(ids, use_cache=True, logits_to_keep=1, **{CACHE_FIELD: cache})
+    return cache, out.logits[:, -1].argmax(-1, keepdim=True)
+
+
+def recurrent_compiled_decode(forward, cache, token: torch.Tensor, steps: int) -> torch.Tensor:
+    for _ in range(steps):
+        out = forward(token, use_cache=True, **{CACHE_FIELD: cache})
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+    return token
+
+
+def memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + written), median of ``repeats``."""
+    source = torch.ones(megabytes * 2**20 // 4)
+    target = torch.empty_like(source)
+    target.copy_(source)  # touch the pages once
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        rates.append(2 * source.numel() * 4 / (time.perf_counter() - start))
+    return median(rates)
+
+
+def decode_bytes(model, cache) -> int:
+    """Bytes one decode step must move at least: every parameter once (tied weights once: the LM head reads the
+    whole embedding matrix) plus the recurrent state read and written."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights + 2 * cache.memory_bytes()
+
+
 def timed(fn, *args) -> tuple[float, object]:
     start = time.perf_counter()
     result = fn(*args)
@@ -181,6 +236,7 @@ def handover_check(model, generator: torch.Generator, prompt: int = 48, steps: i
 # --------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
+    start_load = os.getloadavg()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -194,6 +250,12 @@ def main(argv=None) -> int:
     print(f"DLR params: {dlr_params / 1e6:.2f}M   GPT-2 params: {gpt2_params / 1e6:.2f}M (n_positions={n_positions})")
 
     rows, detail_rows, static_rows, results = [], [], [], {}
+    compiled_rows, bandwidths = [], []
+    compile_seconds = {}
+    dlr_compiled = gpt2_compiled = None
+    if not args.no_compile:
+        dlr_compiled = torch.compile(dlr.forward, fullgraph=True)
+        gpt2_compiled = torch.compile(gpt2.forward, fullgraph=True)
     with torch.inference_mode():
         handover = handover_check(dlr, gen)
         print(f"DLR prefill->decode handover check: max |logit diff| = {handover:.2e}")
@@ -214,8 +276,34 @@ def main(argv=None) -> int:
                 static_tok = gpt2_decode(gpt2, static_cache, static_tok, args.warmup)
                 gpt2_crop(static_cache, ctx)
 
-            dlr_ms, gpt2_ms, static_ms = [], [], []
+            compiled = dlr_compiled is not None and static_cache is not None
+            if compiled:
+                extra = args.warmup + args.repeats * args.steps + 8
+                dlr_static, dlr_static_tok = recurrent_static_prefill(dlr, ctx, gen, ctx + extra)
+                compiled_static, _ = gpt2_random_cache(gpt2, ctx, gen, max_cache_len=ctx + max(args.warmup, args.steps))
+                compiled_tok = static_tok
+                seconds, dlr_static_tok = timed(
+                    recurrent_compiled_decode, dlr_compiled, dlr_static, dlr_static_tok, args.warmup
+                )
+                compile_seconds.setdefault("DLR", seconds)
+                seconds, compiled_tok = timed(
+                    gpt2_static_decode, gpt2_compiled, compiled_static, compiled_tok, args.warmup
+                )
+                compile_seconds[f"GPT-2 StaticCache at {ctx}"] = seconds
+                gpt2_crop(compiled_static, ctx)
+            dlr_ms, gpt2_ms, static_ms, dlr_compiled_ms, gpt2_compiled_ms, round_bandwidth = [], [], [], [], [], []
             for _ in range(args.repeats):
+                if compiled:
+                    round_bandwidth.append(memory_bandwidth())
+                    seconds, dlr_static_tok = timed(
+                        recurrent_compiled_decode, dlr_compiled, dlr_static, dlr_static_tok, args.steps
+                    )
+                    dlr_compiled_ms.append(1e3 * seconds / args.steps)
+                    seconds, compiled_tok = timed(
+                        gpt2_static_decode, gpt2_compiled, compiled_static, compiled_tok, args.steps
+                    )
+                    gpt2_compiled_ms.append(1e3 * seconds / args.steps)
+                    gpt2_crop(compiled_static, ctx)
                 seconds, dlr_tok = timed(recurrent_decode, dlr, dlr_cache, dlr_tok, args.steps)
                 dlr_ms.append(1e3 * seconds / args.steps)
                 seconds, gpt2_tok = timed(gpt2_decode, gpt2, gpt2_cache, gpt2_tok, args.steps)
@@ -225,13 +313,38 @@ def main(argv=None) -> int:
                     seconds, static_tok = timed(gpt2_decode, gpt2, static_cache, static_tok, args.steps)
                     static_ms.append(1e3 * seconds / args.steps)
                     gpt2_crop(static_cache, ctx)
+            if compiled:
+                bandwidth = median(round_bandwidth)
+                bandwidths.extend(round_bandwidth)
+                floor_ms = 1e3 * decode_bytes(dlr, dlr_static) / bandwidth
+                dlr_eager, dlr_fast = median(dlr_ms), median(dlr_compiled_ms)
+                static_eager, static_fast = median(static_ms), median(gpt2_compiled_ms)
+                results.setdefault(ctx, {}).update(
+                    floor_ms=floor_ms, dlr_compiled_ms=dlr_fast, gpt2_compiled_ms=static_fast, bandwidth=bandwidth
+                )
+                compiled_rows.append(
+                    [
+                        ctx,
+                        f"{dlr_eager:.2f}",
+                        f"{dlr_fast:.2f}",
+                        f"{floor_ms:.2f}",
+                        f"{floor_ms / dlr_fast:.0%}",
+                        f"{static_eager:.2f}",
+                        f"{static_fast:.2f}",
+                        f"{static_eager / dlr_eager:.2f}×",
+                        f"{static_fast / dlr_fast:.2f}×",
+                        f"{bandwidth / 1e9:.1f}",
+                    ]
+                )
+                del dlr_static, compiled_static
             dlr_bytes = dlr_cache.memory_bytes()
             if dlr_bytes != dlr_bytes_prefill:
                 print(f"  note: DLR cache changed size while decoding at ctx={ctx}: {dlr_bytes_prefill} -> {dlr_bytes}")
             del gpt2_cache, dlr_cache, static_cache
             gc.collect()
 
-            r = {
+            r = results.get(ctx, {})
+            r |= {
                 "dlr_ms": median(dlr_ms),
                 "gpt2_ms": median(gpt2_ms),
                 "dlr_bytes": dlr_bytes,
@@ -364,6 +477,49 @@ def main(argv=None) -> int:
             "at long contexts is the per-step `torch.cat` re-copy of the whole cache."
         )
 
+    load = os.getloadavg()
+    notes.append(
+        f"- Load average (1, 5, 15 min) when the run ended: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} on "
+        f"{os.cpu_count()} cores (at the start: {', '.join(f'{v:.2f}' for v in start_load)}); the machine is shared, "
+        "so compare the ratios of one round, not absolute times across runs."
+    )
+    compiled_table = None
+    if compiled_rows:
+        compiled_table = markdown_table(
+            [
+                "context",
+                "DLR eager ms/token",
+                "DLR compiled ms/token",
+                "DLR byte floor ms/token",
+                "floor ÷ compiled",
+                "GPT-2 StaticCache eager ms/token",
+                "GPT-2 StaticCache compiled ms/token",
+                "DLR÷GPT-2 speed, eager",
+                "DLR÷GPT-2 speed, compiled",
+                "bandwidth GB/s",
+            ],
+            compiled_rows,
+        )
+        top = results[hi]
+        check(
+            f"(e) DLR compiled decode within 80% of its byte floor at ctx {hi} (floor ÷ time ≥ 0.8)",
+            top["floor_ms"] / top["dlr_compiled_ms"] >= 0.8,
+            f"floor {top['floor_ms']:.2f} ms vs {top['dlr_compiled_ms']:.2f} ms = "
+            f"{top['floor_ms'] / top['dlr_compiled_ms']:.2f}",
+        )
+        check(
+            f"(f) at ctx {hi} DLR compiled ≥ 3× GPT-2 StaticCache compiled",
+            top["gpt2_compiled_ms"] / top["dlr_compiled_ms"] >= 3.0,
+            f"{top['gpt2_compiled_ms']:.2f} ms vs {top['dlr_compiled_ms']:.2f} ms = "
+            f"{top['gpt2_compiled_ms'] / top['dlr_compiled_ms']:.2f}× (eager vs eager: "
+            f"{top['static_ms'] / top['dlr_ms']:.2f}×)",
+        )
+        notes.append(
+            f"- Byte floor: {decode_bytes(dlr, dlr.static_cache(1, 1)) / MB:.1f} MB per DLR step (weights once + "
+            f"state read and written) ÷ the copy bandwidth measured before every round (median per context; all "
+            f"rounds: {min(bandwidths) / 1e9:.1f}–{max(bandwidths) / 1e9:.1f} GB/s). First-call times (compile "
+            "included): " + ", ".join(f"{k} {v:.0f} s" for k, v in compile_seconds.items()) + "."
+        )
     checks_text = "\n".join(checks)
     notes_text = "\n".join(notes)
     print()
@@ -377,6 +533,9 @@ def main(argv=None) -> int:
     if static_table:
         print()
         print(static_table)
+    if compiled_table:
+        print()
+        print(compiled_table)
     if not args.no_write:
         path = write_report(
             SCRIPT_NAME,
@@ -389,6 +548,11 @@ def main(argv=None) -> int:
                 *(
                     ["## Reference: GPT-2 with a preallocated StaticCache (medians)\n\n" + static_table]
                     if static_table
+                    else []
+                ),
+                *(
+                    ["## Compiled decode against the byte floor and GPT-2 StaticCache (medians)\n\n" + compiled_table]
+                    if compiled_table
                     else []
                 ),
             ],

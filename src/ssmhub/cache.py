@@ -25,6 +25,13 @@ records live until the next ``crop``; without recording a forward files nothing 
 field that grows with the tokens (attention's keys, values and key mask) is not copied: keys are only ever
 appended, so its snapshot is the length of a prefix of the live tensor.
 
+Static decoding: :meth:`RecurrentCache.preallocated` makes a cache whose every layer holds its state from the
+start, in fixed shapes (attention layers: a key/value buffer of a fixed number of tokens, see
+:meth:`ssmhub.layers.attention.CausalSelfAttention.static_state`). Every forward then writes into the same tensors
+(:meth:`update` copies in place) and the cache's structure never changes, so ``is_compileable`` is True: a decode
+step compiles with ``torch.compile(fullgraph=True)``, and transformers' ``generate`` compiles it itself on an
+accelerator (``compile_config`` elsewhere).
+
 Persistence and forks: :meth:`RecurrentCache.save` / :meth:`RecurrentCache.load` (a prefilled prompt kept
 on disk, :mod:`ssmhub.cache_files`) and :meth:`RecurrentCache.fork` (an independent copy).
 """
@@ -113,6 +120,17 @@ class RecurrentCache:
         self._records: list[_Record] = []  # the recording forwards since the last crop, oldest first
         self._recording: tuple | None = None  # (inputs, mask, replay) of the recording forward under way
         self._incoming: list[dict | None] = []  # per layer, its state before the recording forward
+
+    @classmethod
+    def preallocated(cls, states: list[LayerState]) -> RecurrentCache:
+        """A cache holding ``states`` (one fixed-shape dict per layer, each the state before the first token) from
+        the start, updated in place by every forward: what a compiled decode step needs (``is_compileable``)."""
+        if not states or any(not isinstance(state, dict) or not state for state in states):
+            raise ValueError("states must be a non-empty list with one non-empty dict of tensors per layer")
+        cache = cls(len(states))
+        cache.layers = [dict(state) for state in states]
+        cache.is_compileable = True
+        return cache
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -307,8 +325,9 @@ class RecurrentCache:
         self._map_tensors(lambda tensor: tensor.repeat_interleave(repeats, dim=0))
 
     def reset(self) -> None:
-        """Forget every state (the next forward starts a fresh sequence)."""
+        """Forget every state (the next forward starts a fresh sequence; a preallocated cache stops being one)."""
         self.layers = [None] * len(self.layers)
+        self.is_compileable = False
         self.seen_tokens = 0
         self._drop_records()
 
@@ -336,6 +355,7 @@ class RecurrentCache:
         copy = RecurrentCache(len(self.layers))
         copy.layers = [None if state is None else {n: t.clone() for n, t in state.items()} for state in self.layers]
         copy.seen_tokens = self.seen_tokens
+        copy.is_compileable = self.is_compileable
         return copy
 
     def save(self, path: str | os.PathLike, model) -> None:

@@ -15,6 +15,12 @@ With ``attention_window=W`` (:class:`AttentionOptions`) a token attends to the l
 included, in a whole-sequence forward and in a cached one alike, and the state keeps only the last W − 1
 keys and values: its size stops growing, so a hybrid runs through a whole book at flat memory, with the
 same numbers as one forward over the book with the same window.
+
+A static state (:meth:`CausalSelfAttention.static_state`) preallocates the keys and values of ``max_length``
+tokens instead: ``{"key", "value": (B, heads, max_length, d_head), "key_mask": (B, max_length), "length":
+(B,) int64}``, token t's key in slot t and ``length`` the tokens written so far. Every step then has the same
+shapes and is a pure function of its inputs, so it compiles with ``torch.compile(fullgraph=True)`` and exports
+(``torch.export``, ONNX); an empty slot is masked out, so the numbers are those of the growing state.
 """
 
 from __future__ import annotations
@@ -56,6 +62,38 @@ class CausalSelfAttention(TokenMixer):
         kind = torch.get_default_dtype() if dtype is None else dtype
         return {"key": (shape, kind), "value": (shape, kind), "key_mask": ((batch_size, None), torch.bool)}
 
+    def static_state(self, batch_size: int, max_length: int, device=None, dtype=None):
+        """The state before the first token with room for ``max_length`` tokens (see the module docstring)."""
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(
+                f"max_length must be a positive integer (the tokens the key/value buffer holds); got {max_length!r}"
+            )
+        if device is None:
+            device = self.qkv_proj.weight.device
+        kind = torch.get_default_dtype() if dtype is None else dtype
+        buffer = torch.zeros(batch_size, self.num_heads, max_length, self.head_dim, dtype=kind, device=device)
+        return {
+            "key": buffer,
+            "value": buffer.clone(),
+            "key_mask": torch.zeros(batch_size, max_length, dtype=torch.bool, device=device),
+            "length": torch.zeros(batch_size, dtype=torch.long, device=device),
+        }
+
+    def check_state(self, state, batch_size: int) -> None:
+        """The growing layout of :meth:`state_layout`, or a static state (:meth:`static_state`) of any length."""
+        if "length" not in state:
+            return super().check_state(state, batch_size)
+        slots = state["key"].shape[2] if state["key"].dim() == 4 else None
+        expected = {
+            "key": (batch_size, self.num_heads, slots, self.head_dim),
+            "value": (batch_size, self.num_heads, slots, self.head_dim),
+            "key_mask": (batch_size, slots),
+            "length": (batch_size,),
+        }
+        got = {name: tuple(value.shape) for name, value in state.items()}
+        if got != expected:
+            raise ValueError(f"a static attention state must hold tensors of shapes {expected}; got {got}")
+
     def _forward_documents(self, x, mask, state, return_state, starts):
         """Packed rows natively: one attention call on the whole row with a block-diagonal causal mask (a query
         sees the keys of its own document only), instead of a batch of documents; the oracle is
@@ -72,15 +110,22 @@ class CausalSelfAttention(TokenMixer):
         new_mask = (
             mask.to(torch.bool) if mask is not None else torch.ones(batch, length, dtype=torch.bool, device=x.device)
         )
-        if state is not None:
-            k = torch.cat([state["key"].to(k.dtype), k], dim=2)
-            v = torch.cat([state["value"].to(v.dtype), v], dim=2)
-            key_mask = torch.cat([state["key_mask"], new_mask], dim=1)
+        static = state is not None and "length" in state
+        if static and starts is not None:
+            raise ValueError("packed rows (document starts) cannot continue a static attention state")
+        if static:
+            k, v, key_mask, query_pos = self._write_slots(state, k, v, new_mask)
+            past = None
         else:
-            key_mask = new_mask
-        past = k.shape[2] - length
-        query_pos = torch.arange(past, past + length, device=x.device)[:, None]  # (L, 1)
-        key_pos = torch.arange(k.shape[2], device=x.device)[None, :]  # (1, T)
+            if state is not None:
+                k = torch.cat([state["key"].to(k.dtype), k], dim=2)
+                v = torch.cat([state["value"].to(v.dtype), v], dim=2)
+                key_mask = torch.cat([state["key_mask"], new_mask], dim=1)
+            else:
+                key_mask = new_mask
+            past = k.shape[2] - length
+            query_pos = torch.arange(past, past + length, device=x.device)[None, :, None]  # (1, L, 1)
+        key_pos = torch.arange(k.shape[2], device=x.device)[None, None, :]  # (1, 1, T)
         allowed = (key_pos <= query_pos) & (key_mask[:, None, :] | (key_pos == query_pos))  # (B, L, T)
         if starts is not None:  # document d of a row is its tokens after d starts; the state's keys are document 0
             query_doc = starts.long().cumsum(1)  # (B, L)
@@ -93,8 +138,33 @@ class CausalSelfAttention(TokenMixer):
             q, k, v, attn_mask=allowed[:, None], dropout_p=self.dropout if self.training else 0.0
         )  # (B, heads, L, d_head)
         y = self.out_proj(y.transpose(1, 2).flatten(2))  # (B, L, d)
-        new_state = self._kept_state(k, v, key_mask) if return_state else None
-        return y, new_state
+        if static:
+            new_state = {"key": k, "value": v, "key_mask": key_mask, "length": state["length"] + length}
+        else:
+            new_state = self._kept_state(k, v, key_mask) if return_state else None
+        return y, (new_state if return_state else None)
+
+    def _write_slots(self, state, k, v, new_mask):
+        """A static state with the L new keys, values and mask bits written to slots ``length .. length + L − 1``
+        (out of place: a selection over the whole buffer, the same graph at every step). k, v: (B, heads, L, d_head).
+        Returns the buffers and the new tokens' positions (B, L, 1)."""
+        slots, length = state["key"].shape[2], k.shape[2]
+        if not torch.compiler.is_compiling() and int(state["length"].max()) + length > slots:
+            raise ValueError(
+                f"the static key/value buffer holds {slots} tokens; it has {int(state['length'].max())} and got "
+                f"{length} more (preallocate a larger max_length)"
+            )
+        start = state["length"][:, None]  # (B, 1)
+        offset = torch.arange(slots, device=k.device)[None, :] - start  # (B, T): slot − length
+        fresh = (offset >= 0) & (offset < length)  # (B, T): the slots of the new tokens
+        index = offset.clamp(0, length - 1)  # (B, T): which new token a fresh slot takes
+        gather = index[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, heads, T, d_head)
+        where = fresh[:, None, :, None]
+        key = torch.where(where, k.gather(2, gather), state["key"].to(k.dtype))
+        value = torch.where(where, v.gather(2, gather), state["value"].to(v.dtype))
+        key_mask = (fresh & new_mask.gather(1, index)) | (~fresh & state["key_mask"])  # (onnxruntime has no bool Where)
+        query_pos = (start + torch.arange(length, device=k.device)[None, :])[:, :, None]  # (B, L, 1)
+        return key, value, key_mask, query_pos
 
     def _kept_state(self, k, v, key_mask):
         """The keys/values a later token can attend to: all of them, or with a window W the last W − 1

@@ -130,10 +130,13 @@ class DLRMixer(TokenMixer):
         """The diagonal recurrence that decodes this layer: ``(log|Λ|, arg Λ, w, readout)``.
 
         For DLR-prod that is the N²-state Kronecker DLR; building it costs H·N² per call, so outside
-        autograd it is memoized, keyed on the parameters' version counters (any update rebuilds it).
+        autograd it is memoized, keyed on the parameters' version counters (any update rebuilds it); a traced
+        step (``torch.compile``, ``torch.export``) builds it in its graph.
         """
         if self.kernel_type != "prod":
             return (*self._modal_form(0), "real")
+        if torch.compiler.is_compiling():  # a traced step (compile, export) has no data pointers to key a memo on
+            return (*kronecker_dlr(*self._modal_form(0)), "half_imag")
         params = (self.ssm.log_lambda_re, self.ssm.log_lambda_im, self.ssm.weight)
         key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
         if torch.is_grad_enabled() or self._kronecker_memo is None or self._kronecker_memo[0] != key:

@@ -275,9 +275,10 @@ class LongConvKernel(nn.Module):
         does not re-smooth the kernel at every token.
         """
         weight = self.ssm.kernel
-        cacheable = not self.training and not torch.is_grad_enabled()
+        # a traced step (torch.compile, torch.export) has no data pointers to key a memo on: it regularizes in-graph
+        cacheable = not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         settings = (self.squash_lambda, self.smooth_width, self.smooth_domain, self.kernel_regularization_order)
-        key = (weight.data_ptr(), weight._version, weight.device, weight.dtype, settings)
+        key = (weight.data_ptr(), weight._version, weight.device, weight.dtype, settings) if cacheable else None
         if cacheable and self._memo is not None and self._memo[0] == key:
             return self._memo[1]
         kernel = regularize_kernel(

@@ -140,6 +140,12 @@ class TokenMixer(nn.Module):
             for name, (shape, kind) in self.state_layout(batch_size, dtype).items()
         }
 
+    def static_state(self, batch_size: int, max_length: int, device=None, dtype: torch.dtype | None = None):
+        """The state before the first token, preallocated for a decode of up to ``max_length`` tokens whose every
+        step has the same shapes (what ``torch.compile(fullgraph=True)`` and ``torch.export`` need): a recurrent
+        mixer's state never grows, so it is :meth:`init_state`; attention overrides it with a fixed buffer."""
+        return self.init_state(batch_size, device=device, dtype=dtype)
+
     def check_state(self, state: MixerState, batch_size: int) -> None:
         """Raise a ValueError unless ``state`` holds exactly the layout's tensors, in its shapes."""
         layout = self.state_layout(batch_size)

@@ -40,7 +40,7 @@ def check_model_inputs(
         batch, length = inputs_embeds.shape[:2]
     if batch == 0 or length == 0:
         raise ValueError(f"the input is empty (batch {batch}, sequence length {length}); give at least one token")
-    if input_ids is not None:
+    if input_ids is not None and not torch.compiler.is_compiling():  # reading values would break a traced graph
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high

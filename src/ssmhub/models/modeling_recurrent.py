@@ -31,6 +31,7 @@ from .cache_argument import CACHE_FIELD, resolve_cache_argument
 from .generation import check_assisted_decoding_arguments, rollback_reach
 from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
 from .packed_inputs import document_starts, packing_arguments
+from .static_decode import static_states
 
 __all__ = [
     "RecurrentBlock",
@@ -434,6 +435,13 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
                 if isinstance(cache, RecurrentCache):
                     cache.deactivate_past_recording()
         return result
+
+    def static_cache(self, batch_size: int = 1, max_length: int = 2048) -> RecurrentCache:
+        """A cache whose states are preallocated for ``batch_size`` rows and up to ``max_length`` tokens (prompt and
+        generated ones; only attention layers need the bound) and updated in place: a decode step with it compiles
+        with ``torch.compile(fullgraph=True)`` (``cache.is_compileable``). Use it with ``generate(..., cache=...)``;
+        a ValueError names the argument for a bad size or a layer that cannot decode."""
+        return RecurrentCache.preallocated(static_states(self, batch_size, max_length))
 
     def get_output_embeddings(self):
         return self.lm_head

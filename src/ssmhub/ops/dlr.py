@@ -28,6 +28,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from .diagonal_step import diagonal_step, polar_parts
 from .fftconv import fft_conv
 from .precision import float32_math
 
@@ -262,7 +263,10 @@ def kronecker_dlr(
     n = log_modulus.shape[-1]
     kron_modulus = (log_modulus[:, None] + log_modulus[None, :]).reshape(n * n)  # (N²,)
     kron_phase = (phase[:, None] + phase[None, :]).reshape(n * n)  # (N²,)
-    kron_w = (w[:, :, None] * w[:, None, :]).reshape(w.shape[0], n * n)  # (H, N²)
+    re, im = torch.view_as_real(w).unbind(-1)  # (H, N) each; real arithmetic, so a traced step exports to ONNX
+    kron_re = re[:, :, None] * re[:, None, :] - im[:, :, None] * im[:, None, :]  # (H, N, N)
+    kron_im = re[:, :, None] * im[:, None, :] + im[:, :, None] * re[:, None, :]
+    kron_w = torch.view_as_complex(torch.stack([kron_re, kron_im], dim=-1)).reshape(w.shape[0], n * n)  # (H, N²)
     return kron_modulus, kron_phase, kron_w
 
 
@@ -334,10 +338,14 @@ def dlr_step(
     """One step of Eq. 1: ``x_k = Λ x_{k-1} + u_k``, ``y_k = readout(<w, x_k>)``. O(H·N), independent of k.
 
     Args: u_t (B, H) real; state (B, H, N) complex.  Returns: y_t (B, H) float32, new state.
+    Real arithmetic on the state's real view (:func:`~ssmhub.ops.diagonal_step.diagonal_step`), so the step
+    compiles and exports to ONNX.
     """
-    new_state = _lambda(log_modulus, phase) * state + u_t.float().unsqueeze(-1)  # (B, H, N)
-    y_t = _readout((new_state * w).sum(-1), readout)  # (B, H)
-    return y_t, new_state
+    w_parts = torch.view_as_real(w).unbind(-1)  # Re w, Im w: (H, N)
+    z_re, z_im, new_state = diagonal_step(state, polar_parts(log_modulus, phase), u_t, w_parts)  # (B, H), (B, H, N)
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
+    return (z_re if readout == "real" else 0.5 * z_im), new_state
 
 
 @float32_math

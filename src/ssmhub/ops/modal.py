@@ -86,6 +86,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .diagonal_step import diagonal_step, polar_parts
 from .fftconv import fft_conv
 from .precision import float32_math
 
@@ -677,12 +678,10 @@ def modal_step(u_t: torch.Tensor, state: torch.Tensor, modal: ModalKernel) -> tu
     if u_t.dim() != 2 or u_t.shape[-1] != modal.num_channels:
         raise ValueError(f"u_t must have shape (B, H={modal.num_channels}); got {tuple(u_t.shape)}")
     _check_state(state, u_t.shape[0], modal, "state")
-    lam = modal.poles().to(torch.complex64)  # (H, N), computed in fp64
-    c = modal.complex_residues().to(torch.complex64)  # (H, N)
-    u_t = u_t.float()
-    new_state = lam * state.to(torch.complex64) + u_t.unsqueeze(-1)  # (B, H, N)
-    y_t = (new_state * c).sum(-1).real + modal.d.float() * u_t  # (B, H)
-    return y_t, new_state
+    lam = polar_parts(modal.log_modulus, modal.phase)  # (H, N) each, computed in fp64
+    residues = (modal.residues[..., 0].float(), modal.residues[..., 1].float())  # (H, N) each
+    z_re, _, new_state = diagonal_step(state, lam, u_t, residues)  # (B, H), (B, H, N)
+    return z_re + modal.d.float() * u_t.float(), new_state
 
 
 @float32_math

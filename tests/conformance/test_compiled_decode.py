@@ -1,0 +1,100 @@
+"""The static decode step (issue 28 §1), every family with a causal LM: with a preallocated cache
+(``model.static_cache``), ``generate`` gives eager ``generate``'s tokens, keeps every state tensor in place, and with
+its decode step compiled by ``torch.compile(fullgraph=True)`` (transformers' ``compile_config``) gives the same tokens
+again: a graph break would raise. Dynamo is run with the ``eager`` backend in CI (it checks the capture, which is
+where a graph breaks, in seconds); Inductor code generation runs in ``make test-all`` (``slow``), as do the families
+whose step the fast ones repeat."""
+
+import pytest
+import torch
+from conftest import random_ids
+from families import FAMILIES
+from test_export import RESAMPLING_STEP_NOT_TRACEABLE
+from torch._dynamo.utils import counters
+from transformers import CompileConfig
+
+from ssmhub.models.cache_argument import CACHE_FIELD
+
+FAST = ("dlr", "h3-hybrid", "serpent-mamba")  # a complex state, an attention buffer, Mamba's windows
+NEW_TOKENS, PROMPT = 12, 5
+
+
+def _params(fast=FAST):
+    params = []
+    for family in FAMILIES:
+        if family.causal_lm is None:
+            continue
+        marks = [] if family.name in fast else [pytest.mark.slow]
+        if family.config().model_type == "serpent" and family.config().resampling_rates:
+            marks.append(pytest.mark.xfail(reason=RESAMPLING_STEP_NOT_TRACEABLE, strict=True))
+        params.append(pytest.param(family, marks=marks, id=family.name))
+    return params
+
+
+def _model(family):
+    torch.manual_seed(0)
+    return family.causal_lm(family.config()).eval()
+
+
+def _compile_config(backend: str) -> CompileConfig:
+    config = CompileConfig(fullgraph=True, backend=backend, mode=None if backend == "eager" else "default")
+    config._compile_all_devices = True  # transformers compiles the decode step on accelerators only by default
+    return config
+
+
+def _compiled_decodes_as_generate(family, backend: str) -> int:
+    """Assert that generate with the decode step compiled by ``backend`` gives eager generate's tokens; returns the
+    number of graphs Dynamo captured."""
+    model = _model(family)
+    prompt = random_ids(1, PROMPT)
+    expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    torch._dynamo.reset()
+    counters.clear()
+    cache = model.static_cache(1, PROMPT + NEW_TOKENS)
+    tokens = model.generate(
+        prompt,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        compile_config=_compile_config(backend),
+        **{CACHE_FIELD: cache},
+    )
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert torch.equal(tokens, expected)
+    return graphs
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.causal_lm is not None], ids=lambda f: f.name)
+@torch.no_grad()
+def test_a_static_cache_decodes_as_generate_in_place(family):
+    model = _model(family)
+    prompt = random_ids(2, PROMPT)
+    expected = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False)
+    cache = model.static_cache(2, PROMPT + NEW_TOKENS)
+    assert cache.is_compileable
+    addresses = [{name: t.data_ptr() for name, t in state.items()} for state in cache.layers]
+    got = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, **{CACHE_FIELD: cache})
+    assert torch.equal(got, expected)
+    assert [{name: t.data_ptr() for name, t in state.items()} for state in cache.layers] == addresses
+    assert cache.get_seq_length() == PROMPT + NEW_TOKENS - 1
+
+
+@pytest.mark.parametrize("family", _params())
+@torch.no_grad()
+def test_the_compiled_decode_step_has_no_graph_break(family):
+    # one graph, and one more once the token count becomes a dynamic size (Dynamo's automatic dynamic shapes)
+    assert _compiled_decodes_as_generate(family, "eager") <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _params(fast=()))
+@torch.no_grad()
+def test_the_inductor_compiled_decode_step_decodes_as_generate(family):
+    _compiled_decodes_as_generate(family, "inductor")
+
+
+def test_static_cache_arguments_are_checked():
+    model = _model(next(f for f in FAMILIES if f.name == "h3-hybrid"))
+    for kwargs, name in (({"batch_size": 0}, "batch_size"), ({"max_length": True}, "max_length")):
+        with pytest.raises(ValueError, match=name):
+            model.static_cache(**kwargs)

@@ -1,0 +1,126 @@
+"""The exported decode step (ssmhub.export), every family with a causal LM: 32 greedy tokens from the
+``torch.export`` program and from onnxruntime running the ONNX file equal eager ``generate``'s, and their logits
+are within 1e-4 of ``generate``'s; bad input is refused by name before anything is traced."""
+
+import pytest
+import torch
+from conftest import random_ids
+from families import FAMILIES
+
+from ssmhub.export import (
+    DecodeStep,
+    decode_state_specs,
+    export_decode_step,
+    export_decode_step_onnx,
+    greedy_decode,
+    initial_decode_states,
+    onnx_step,
+    program_step,
+)
+
+NEW_TOKENS, PROMPT = 32, 5
+MAX_LENGTH = PROMPT + NEW_TOKENS
+# SeRpEnt's resampling step reads its grid step Δ as a Python float (ssmhub/ops/resampling.py, _lattice) and
+# branches on whether any row emitted (ssmhub/layers/serpent.py, ResamplingBranch._step): data-dependent, so
+# neither torch.export nor torch.compile(fullgraph=True) can trace it until that step is rewritten.
+RESAMPLING_STEP_NOT_TRACEABLE = (
+    "SeRpEnt's resampling step is data-dependent (float(Δ) in ops/resampling.py _lattice; "
+    "`if bool(emission.emitted.any())` in layers/serpent.py ResamplingBranch._step)"
+)
+
+
+def _decoder_params(slow_onnx=()):
+    params = []
+    for family in FAMILIES:
+        if family.causal_lm is None:
+            continue
+        marks = []
+        if family.config().model_type == "serpent" and family.config().resampling_rates:
+            marks.append(pytest.mark.xfail(reason=RESAMPLING_STEP_NOT_TRACEABLE, strict=True))
+        if family.name in slow_onnx:
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(family, marks=marks, id=family.name))
+    return params
+
+
+def _eager(family):
+    torch.manual_seed(0)
+    model = family.causal_lm(family.config()).eval()
+    prompt = random_ids(1, PROMPT)
+    out = model.generate(
+        prompt, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    return model, prompt, out.sequences[:, PROMPT:], out.logits
+
+
+def _assert_matches(step, model, prompt, tokens, logits):
+    got, scores, _ = greedy_decode(step, prompt, initial_decode_states(model, 1, MAX_LENGTH), NEW_TOKENS)
+    assert torch.equal(got, tokens)
+    for ours, theirs in zip(scores, logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", _decoder_params())
+def test_the_exported_program_decodes_as_generate(family):
+    model, prompt, tokens, logits = _eager(family)
+    program = export_decode_step(model, 1, MAX_LENGTH)
+    _assert_matches(program_step(program), model, prompt, tokens, logits)
+
+
+# the ONNX export takes several seconds a family: the families whose step the others repeat run in `make test-all`
+@pytest.mark.parametrize("family", _decoder_params(slow_onnx=("dlr", "bdlrnn-paper", "h3", "serpent")))
+def test_onnxruntime_decodes_as_generate(family, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model, prompt, tokens, logits = _eager(family)
+    path = export_decode_step_onnx(model, tmp_path / "step.onnx", 1, MAX_LENGTH)
+    assert [p.name for p in tmp_path.iterdir()] == ["step.onnx"]  # written atomically, nothing left over
+    session = ort.InferenceSession(str(path))
+    names = [i.name for i in session.get_inputs()]
+    assert names == ["input_ids", *(spec.name for spec in decode_state_specs(model, 1, MAX_LENGTH))]
+    _assert_matches(onnx_step(session), model, prompt, tokens, logits)
+
+
+def test_the_signature_is_documented_and_real():
+    family = next(f for f in FAMILIES if f.name == "h3-hybrid")
+    torch.manual_seed(0)
+    model = family.causal_lm(family.config()).eval()
+    specs = decode_state_specs(model, 2, 7)
+    assert [s.layer for s in specs] == sorted(s.layer for s in specs)
+    attention = {s.field: s for s in specs if s.layer == 1}
+    assert attention["key"].shape == (2, 2, 7, 8) and attention["length"].dtype == torch.long
+    assert not any(s.dtype.is_complex for s in specs)
+    dlr = next(f for f in FAMILIES if f.name == "dlr")
+    torch.manual_seed(0)
+    (spec, *_) = decode_state_specs(dlr.causal_lm(dlr.config()), 1, 4)
+    assert spec.is_complex and spec.shape == (1, 16, 8, 2) and spec.dtype == torch.float32  # the real view
+
+
+def test_bad_input_is_refused_by_name():
+    classifier_family = next(f for f in FAMILIES if f.name == "dlr-bidirectional")
+    classifier = classifier_family.sequence_classification(classifier_family.config(num_labels=2))
+    with pytest.raises(ValueError, match="causal language model"):
+        export_decode_step(classifier)
+    family = next(f for f in FAMILIES if f.name == "dlr")
+    model = family.causal_lm(family.config())
+    model.backbone.layers[1].mixer.causal = False  # as a bidirectional layer is (no causal LM can hold one)
+    with pytest.raises(ValueError, match="cannot decode token by token: layer 1: a bidirectional DLR"):
+        export_decode_step(model)
+    model.backbone.layers[1].mixer.causal = True
+    for kwargs, name in (({"batch_size": 0}, "batch_size"), ({"max_length": 2.5}, "max_length")):
+        with pytest.raises(ValueError, match=name):
+            DecodeStep(model, **kwargs)
+    with pytest.raises(ValueError, match="path"):
+        export_decode_step_onnx(model, "step.txt")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_decode(program_step(export_decode_step(model, 1, 4)), random_ids(1, 2), [], 0)
+
+
+def test_a_full_attention_buffer_is_refused():
+    family = next(f for f in FAMILIES if f.name == "h3-hybrid")
+    torch.manual_seed(0)
+    model = family.causal_lm(family.config()).eval()
+    cache = model.static_cache(1, 4)
+    with torch.no_grad():
+        model(random_ids(1, 4), cache=cache)
+        with pytest.raises(ValueError, match="holds 4 tokens"):
+            model(random_ids(1, 1), cache=cache)
