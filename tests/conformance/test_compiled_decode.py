@@ -9,7 +9,6 @@ import pytest
 import torch
 from conftest import random_ids
 from families import FAMILIES
-from test_export import RESAMPLING_STEP_NOT_TRACEABLE
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
@@ -25,8 +24,6 @@ def _params(fast=FAST):
         if family.causal_lm is None:
             continue
         marks = [] if family.name in fast else [pytest.mark.slow]
-        if family.config().model_type == "serpent" and family.config().resampling_rates:
-            marks.append(pytest.mark.xfail(reason=RESAMPLING_STEP_NOT_TRACEABLE, strict=True))
         params.append(pytest.param(family, marks=marks, id=family.name))
     return params
 

@@ -20,14 +20,6 @@ from ssmhub.export import (
 
 NEW_TOKENS, PROMPT = 32, 5
 MAX_LENGTH = PROMPT + NEW_TOKENS
-# SeRpEnt's resampling step reads its grid step Δ as a Python float (ssmhub/ops/resampling.py, _lattice) and
-# branches on whether any row emitted (ssmhub/layers/serpent.py, ResamplingBranch._step): data-dependent, so
-# neither torch.export nor torch.compile(fullgraph=True) can trace it until that step is rewritten.
-RESAMPLING_STEP_NOT_TRACEABLE = (
-    "SeRpEnt's resampling step is data-dependent (float(Δ) in ops/resampling.py _lattice; "
-    "`if bool(emission.emitted.any())` in layers/serpent.py ResamplingBranch._step)"
-)
-
 
 def _decoder_params(slow_onnx=()):
     params = []
@@ -35,8 +27,6 @@ def _decoder_params(slow_onnx=()):
         if family.causal_lm is None:
             continue
         marks = []
-        if family.config().model_type == "serpent" and family.config().resampling_rates:
-            marks.append(pytest.mark.xfail(reason=RESAMPLING_STEP_NOT_TRACEABLE, strict=True))
         if family.name in slow_onnx:
             marks.append(pytest.mark.slow)
         params.append(pytest.param(family, marks=marks, id=family.name))

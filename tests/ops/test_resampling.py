@@ -636,7 +636,9 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
 def test_lattice_of_a_tensor_equals_the_scalar_lattice_of_each_value():
     """The on-device lattice (frexp, no host sync) gives each Δ the quantum, units and snapped Δ of the host path."""
     gen = torch.Generator().manual_seed(0)
-    values = torch.cat([torch.exp(8 * torch.randn(500, generator=gen)), torch.tensor([1.0, 0.5, 3.0, 2.0**-20])])
+    powers = 2.0 ** torch.arange(-30, 31, 3).float()  # and the float32 values on either side of each
+    around = [powers, torch.nextafter(powers, torch.zeros(())), torch.nextafter(powers, torch.full((), 1e30))]
+    values = torch.cat([torch.exp(8 * torch.randn(500, generator=gen)), torch.tensor([3.0, 0.7]), *around])
     lattice = resampling_lattice(values.float())
     for i, value in enumerate(values.float().tolist()):
         reference = _lattice(value, torch.device("cpu"))

@@ -567,14 +567,18 @@ class ResamplingLattice(NamedTuple):
 
 def resampling_lattice(grid_step: torch.Tensor | float) -> ResamplingLattice:
     """Δ (a scalar, or a tensor of them: one per branch or row) snapped to its lattice ``q = 2^(⌊log₂Δ⌋ − 28)``
-    elementwise; the numbers of the scalar path for each Δ (frexp and a division by a power of two are exact).
+    elementwise; the numbers of the scalar path for each Δ (a power of two and a division by one are exact).
     ``delta`` carries Δ's gradient straight through. Raises ValueError unless every Δ is positive and finite."""
     raw = torch.as_tensor(grid_step).to(torch.float64)
     value = raw.detach()
     if not torch.compiler.is_compiling() and not bool(((value > 0) & torch.isfinite(value)).all()):
         raise ValueError(f"grid_step must be positive and finite (Δ); got {value.tolist()}")
-    _, exponent = torch.frexp(value)  # value = m·2^exponent, m ∈ [0.5, 1)
-    quantum = torch.ldexp(torch.ones_like(value), exponent - 1 - _LATTICE_BITS)
+    # ⌊log₂Δ⌋ from log2, corrected where it rounded across a power of two (powers of two are exact), so that
+    # an exported step needs no frexp (ONNX has none)
+    exponent = torch.floor(torch.log2(value))
+    power = torch.pow(2.0, exponent)
+    exponent = exponent - (power > value).to(value.dtype) + (2 * power <= value).to(value.dtype)
+    quantum = torch.pow(2.0, exponent - _LATTICE_BITS)
     units = torch.round(value / quantum).long()
     delta = units * quantum
     if raw.requires_grad:
