@@ -62,14 +62,16 @@ def build(args, rates):
 
 def decode_ms(model, context: int, steps: int) -> float:
     """ms/token of ``steps`` greedy steps after a ``context``-token prompt (a few untimed steps first)."""
+    from ssmhub.models.cache_argument import CACHE_FIELD  # `cache`, or `past_key_values` before transformers 5.24
+
     ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(context))
     with torch.no_grad():
         out = model(ids, use_cache=True, logits_to_keep=1)
-        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
+        cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
         for i in range(steps + 4):
             if i == 4:
                 start = time.perf_counter()
-            out = model(token, cache=cache, use_cache=True)
+            out = model(token, use_cache=True, **{CACHE_FIELD: cache})
             token = out.logits[:, -1:].argmax(-1)
     return 1e3 * (time.perf_counter() - start) / steps
 
@@ -78,6 +80,8 @@ def decode_ops(model, steps: int = 8) -> float:
     """Tensor ops dispatched per decode token (after a 16-token prompt): a count that, unlike ms/token, does not
     depend on what else the machine is doing."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ssmhub.models.cache_argument import CACHE_FIELD
 
     class Count(TorchDispatchMode):
         calls = 0
@@ -89,11 +93,11 @@ def decode_ops(model, steps: int = 8) -> float:
     ids = torch.randint(0, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = model(ids, use_cache=True, logits_to_keep=1)
-        cache, token = out.cache, out.logits[:, -1:].argmax(-1)
-        model(token, cache=cache, use_cache=True)
+        cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
+        model(token, use_cache=True, **{CACHE_FIELD: cache})
         with Count():
             for _ in range(steps):
-                token = model(token, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                token = model(token, use_cache=True, **{CACHE_FIELD: cache}).logits[:, -1:].argmax(-1)
     return Count.calls / steps
 
 
