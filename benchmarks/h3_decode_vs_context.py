@@ -24,7 +24,7 @@ median over rounds of (block time / steps) is reported. After each GPT-2 block i
 
 Memory: the decode state at that context, ``RecurrentCache.memory_bytes()`` for H3 (exact: L_max inputs
 per channel plus the shift state; distilled: N complex64 per channel plus the shift state; mixed: both, each over
-its own heads, the modal state padded to the largest order any head of the layer uses) and the bytes
+its own heads, one modal state per order the heads use) and the bytes
 of all key/value tensors for GPT-2. That is the memory that can grow with context; the weights are
 constant and the same for both H3 modes. Measured next to it, in a separate pass after the timing (Linux):
 the peak resident memory above the weights while each model builds its state and decodes ``--steps``
@@ -169,13 +169,14 @@ def distill(exact, args, tolerance: float | None):
     errors = torch.cat([r.errors if tolerance else r.fit_errors for r in reports.values()])
     heads = sum(r.orders.numel() for r in reports.values())
     exact_heads = sum(len(r.exact_heads) for r in reports.values())
-    widths = [m.num_state_modes for m in model.backbone.modules() if type(m).__name__ == "H3Mixer"]
+    mixers = [m for m in model.backbone.modules() if type(m).__name__ == "H3Mixer"]
+    groups = [sum(name.startswith("kv_state") for name in m.state_layout(1)) for m in mixers]
     orders = torch.cat([r.orders[r.orders > 0] for r in reports.values()]).float()
     summary = (
         f"`distill_for_decoding({args.num_modes}, tolerance={tolerance}, method={args.method!r})` in {seconds:.0f} s: "
         f"relative L2 error of the kernels it computes with mean {errors.mean():.4f}, max {errors.max():.4f}; "
         f"{exact_heads} / {heads} heads left exact; distilled heads' order mean "
-        f"{orders.mean() if orders.numel() else 0:.1f}; modal state width per layer (largest order) {widths}"
+        f"{orders.mean() if orders.numel() else 0:.1f}; modal states (one per order used) per layer {groups}"
     )
     print(summary, flush=True)
     return model, summary
