@@ -30,9 +30,9 @@ constant and the same for both H3 modes. Measured next to it, in a separate pass
 the peak resident memory above the weights while each model builds its state and decodes ``--steps``
 tokens (``_memory.peak_rss_above_baseline``; the transient activations of the H3 prefill are excluded).
 
-Models: by default random-init H3 in GPT-2-small's shape (hidden 768, 12 layers, MLP 3072, every layer H3,
-L_max 2048, GPT-2 vocabulary 50257) and GPT-2-small. With ``--model PATH``, a trained H3 folder (e.g. the
-WikiText-2 run of issue 5) and a random GPT-2 of its width, depth and vocabulary.
+Models: by default random-init H3 in GPT-2-small's shape (hidden 768, 12 layers (``--num-layers``), MLP 3072,
+every layer H3, L_max 2048, GPT-2 vocabulary 50257) and GPT-2-small. With ``--model PATH``, a trained H3 folder
+(e.g. the WikiText-2 run of issue 5) and a random GPT-2 of its width, depth and vocabulary.
 
 Sanity checks printed (and written): max |logit| difference between the full forward and prefill +
 step-by-step decoding, for the exact and the distilled model.
@@ -80,6 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the mixed model's relative-error tolerance (heads no order meets stay exact); 0: no mixed model",
     )
     p.add_argument("--max-kernel-length", type=int, default=2048, help="L_max of the random H3")
+    p.add_argument("--num-layers", type=int, default=12, help="layers of the random H3")
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048, 8192, 16384])
     p.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per model and context (median reported)")
@@ -98,7 +99,7 @@ def build_h3(args) -> ssmhub.H3ForCausalLM:
     config = ssmhub.H3Config(
         vocab_size=50257,
         hidden_size=768,
-        num_hidden_layers=12,
+        num_hidden_layers=args.num_layers,
         intermediate_size=3072,
         max_kernel_length=args.max_kernel_length,
         attention_layers=[],
