@@ -37,7 +37,8 @@ every layer H3, L_max 2048, GPT-2 vocabulary 50257) and GPT-2-small. With ``--mo
 Sanity checks printed (and written): max |logit| difference between the full forward and prefill +
 step-by-step decoding, for the exact and the distilled model.
 
-Run: ``python benchmarks/h3_decode_vs_context.py`` (random 768×12, about 10 minutes on 2 CPU cores) or
+Run: ``python benchmarks/h3_decode_vs_context.py`` (random 768×12; the two distillations fit every head's kernel,
+the bulk of the run: ``--num-layers`` shrinks it, ``--tolerance 0`` drops the mixed model) or
 ``python benchmarks/h3_decode_vs_context.py --model runs/h3-wt2 --name h3_decode_vs_context_trained``.
 """
 
