@@ -1,4 +1,4 @@
-"""Per-token decode time and decode-state memory vs context length: H3 exact vs H3 distilled vs GPT-2.
+"""Per-token decode time and decode-state memory vs context length: H3 exact, distilled and mixed vs GPT-2.
 
 What is measured
 ----------------
@@ -8,30 +8,37 @@ Batch 1, float32, eval mode, ``torch.inference_mode()``, CPU. Three decoders at 
   cache and decode each token with an O(L_max) dot product per channel (equal to the full forward).
 - **H3, distilled**: the same weights after ``model.distill_for_decoding(num_modes)``: each long kernel is
   a sum of N complex exponentials, decoded with an O(N) state per channel whatever the context.
+- **H3, mixed** (``--tolerance``, issue 30): the same weights after ``distill_for_decoding(num_modes, tolerance)``:
+  each head gets the smallest order that meets the tolerance and a head no order within the budget fits
+  stays exact, so a layer decodes some heads with the O(N) modal state and the rest with their window of
+  L_max − 1 inputs (error-aware distillation as in LaughingHyena, arXiv 2310.18780 §3.2). The tolerance here
+  only sets how many heads stay exact; the fit's quality is measured in ``h3_distillation.py``.
 - **GPT-2**: transformers' ``GPT2LMHeadModel`` of the same width, depth and heads (sdpa attention), its
   KV cache (``DynamicCache``) filled with random keys/values of the context's length, exactly as in
   ``benchmarks/decode_vs_context.py`` (the cost of a decode step depends only on the cache's shape).
 
 The H3 contexts are prefilled for real (one parallel forward, ``logits_to_keep=1``), which hands a
 ``RecurrentCache`` to the step-by-step decoder. For each context every model is warmed up, then
-``--repeats`` interleaved rounds (exact, distilled, GPT-2) each decode ``--steps`` tokens greedily; the
+``--repeats`` interleaved rounds (exact, distilled, mixed, GPT-2) each decode ``--steps`` tokens greedily; the
 median over rounds of (block time / steps) is reported. After each GPT-2 block its cache is cropped back.
 
 Memory: the decode state at that context, ``RecurrentCache.memory_bytes()`` for H3 (exact: L_max inputs
-per channel plus the shift state; distilled: N complex64 per channel plus the shift state) and the bytes
+per channel plus the shift state; distilled: N complex64 per channel plus the shift state; mixed: both, each over
+its own heads, one modal state per order the heads use) and the bytes
 of all key/value tensors for GPT-2. That is the memory that can grow with context; the weights are
 constant and the same for both H3 modes. Measured next to it, in a separate pass after the timing (Linux):
 the peak resident memory above the weights while each model builds its state and decodes ``--steps``
 tokens (``_memory.peak_rss_above_baseline``; the transient activations of the H3 prefill are excluded).
 
-Models: by default random-init H3 in GPT-2-small's shape (hidden 768, 12 layers, MLP 3072, every layer H3,
-L_max 2048, GPT-2 vocabulary 50257) and GPT-2-small. With ``--model PATH``, a trained H3 folder (e.g. the
-WikiText-2 run of issue 5) and a random GPT-2 of its width, depth and vocabulary.
+Models: by default random-init H3 in GPT-2-small's shape (hidden 768, 12 layers (``--num-layers``), MLP 3072,
+every layer H3, L_max 2048, GPT-2 vocabulary 50257) and GPT-2-small. With ``--model PATH``, a trained H3 folder
+(e.g. the WikiText-2 run of issue 5) and a random GPT-2 of its width, depth and vocabulary.
 
 Sanity checks printed (and written): max |logit| difference between the full forward and prefill +
 step-by-step decoding, for the exact and the distilled model.
 
-Run: ``python benchmarks/h3_decode_vs_context.py`` (random 768×12, about 10 minutes on 2 CPU cores) or
+Run: ``python benchmarks/h3_decode_vs_context.py`` (random 768×12; the two distillations fit every head's kernel,
+the bulk of the run: ``--num-layers`` shrinks it, ``--tolerance 0`` drops the mixed model) or
 ``python benchmarks/h3_decode_vs_context.py --model runs/h3-wt2 --name h3_decode_vs_context_trained``.
 """
 
@@ -61,7 +68,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--model", default=None, help="a trained H3ForCausalLM folder (default: random 768×12)")
     p.add_argument("--num-modes", type=int, default=64, help="modes per channel of the distilled model")
+    p.add_argument(
+        "--method",
+        default="hankel",
+        help="fit method (ops.modal.fit_modal_kernel); 'hankel' by default: the balanced fits' T×T eigenproblems "
+        "per channel take hours at L_max 2048 and 12×768 channels, and the fit does not change the decode cost",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.3,
+        help="the mixed model's relative-error tolerance (heads no order meets stay exact); 0: no mixed model",
+    )
     p.add_argument("--max-kernel-length", type=int, default=2048, help="L_max of the random H3")
+    p.add_argument("--num-layers", type=int, default=12, help="layers of the random H3")
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048, 8192, 16384])
     p.add_argument("--steps", type=int, default=16, help="decode steps per timed block")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per model and context (median reported)")
@@ -80,7 +100,7 @@ def build_h3(args) -> ssmhub.H3ForCausalLM:
     config = ssmhub.H3Config(
         vocab_size=50257,
         hidden_size=768,
-        num_hidden_layers=12,
+        num_hidden_layers=args.num_layers,
         intermediate_size=3072,
         max_kernel_length=args.max_kernel_length,
         attention_layers=[],
@@ -113,7 +133,7 @@ def per_token_ms(fn, *args, steps: int) -> float:
     return 1e3 * (time.perf_counter() - start) / steps
 
 
-def decode_peak_mb(ctx: int, steps: int, generator, exact, distilled, gpt2) -> dict[str, float]:
+def decode_peak_mb(ctx: int, steps: int, generator, models: dict, gpt2) -> dict[str, float]:
     """Peak resident MB above the weights while each model decodes ``steps`` tokens at context ``ctx``.
 
     The decode state is built first (H3: a real prefill, whose transient activations are excluded;
@@ -125,7 +145,7 @@ def decode_peak_mb(ctx: int, steps: int, generator, exact, distilled, gpt2) -> d
         return {}
     peaks = {}
     with torch.inference_mode():
-        for name, model in (("exact", exact), ("distilled", distilled)):
+        for name, model in models.items():
             nbytes, _ = peak_rss_above_baseline(
                 lambda model=model: prefill(model, ctx, generator),
                 lambda state, model=model: decode(model, *state, steps),
@@ -141,6 +161,29 @@ def decode_peak_mb(ctx: int, steps: int, generator, exact, distilled, gpt2) -> d
     return peaks
 
 
+def distill(exact, args, tolerance: float | None):
+    """A copy of ``exact`` distilled to ``args.num_modes`` (with ``tolerance``: the mixed model) and its summary."""
+    model = build_h3(args)
+    model.load_state_dict(exact.state_dict())
+    start = time.perf_counter()
+    reports = model.distill_for_decoding(args.num_modes, tolerance, args.method)
+    seconds = time.perf_counter() - start
+    errors = torch.cat([r.errors if tolerance else r.fit_errors for r in reports.values()])
+    heads = sum(r.orders.numel() for r in reports.values())
+    exact_heads = sum(len(r.exact_heads) for r in reports.values())
+    mixers = [m for m in model.backbone.modules() if type(m).__name__ == "H3Mixer"]
+    groups = [sum(name.startswith("kv_state") for name in m.state_layout(1)) for m in mixers]
+    orders = torch.cat([r.orders[r.orders > 0] for r in reports.values()]).float()
+    summary = (
+        f"`distill_for_decoding({args.num_modes}, tolerance={tolerance}, method={args.method!r})` in {seconds:.0f} s: "
+        f"relative L2 error of the kernels it computes with mean {errors.mean():.4f}, max {errors.max():.4f}; "
+        f"{exact_heads} / {heads} heads left exact; distilled heads' order mean "
+        f"{orders.mean() if orders.numel() else 0:.1f}; modal states (one per order used) per layer {groups}"
+    )
+    print(summary, flush=True)
+    return model, summary
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
@@ -150,29 +193,21 @@ def main(argv=None) -> int:
     exact = build_h3(args)
     if exact.config.decode_num_modes is not None:
         raise SystemExit(f"{args.model} is already distilled; give the exact (undistilled) model")
-    distilled = build_h3(args)
-    distilled.load_state_dict(exact.state_dict())
-    start = time.perf_counter()
-    errors = distilled.distill_for_decoding(args.num_modes)
-    distill_s = time.perf_counter() - start
-    all_errors = torch.cat([report.errors for report in errors.values()])
-    print(
-        f"distilled {len(errors)} long convolutions to N={args.num_modes} in {distill_s:.1f} s; relative kernel "
-        f"error mean {all_errors.mean():.4f}, median {all_errors.median():.4f}, max {all_errors.max():.4f}",
-        flush=True,
-    )
+    models, summaries = {"exact": exact}, {}
+    models["distilled"], summaries["distilled"] = distill(exact, args, None)
+    if args.tolerance:
+        models["mixed"], summaries["mixed"] = distill(exact, args, args.tolerance)
     gpt2 = None if args.no_gpt2 else build_gpt2_like(exact.config, max(args.contexts) + args.warmup + args.steps)
     generator = torch.Generator().manual_seed(args.seed)
     with torch.inference_mode():
-        exact_check = handover_check(exact, generator)
-        distilled_check = handover_check(distilled, generator)
-    print(f"handover max |Δlogit|: exact {exact_check:.2e}, distilled {distilled_check:.2e}", flush=True)
+        checks = {name: handover_check(model, generator) for name, model in models.items()}
+    print("handover max |Δlogit|: " + ", ".join(f"{n} {c:.2e}" for n, c in checks.items()), flush=True)
 
     rows = []
     for ctx in args.contexts:
         with torch.inference_mode():
             state = {}
-            for name, model in (("exact", exact), ("distilled", distilled)):
+            for name, model in models.items():
                 t0 = time.perf_counter()
                 cache, token = prefill(model, ctx, generator)
                 state[name] = (model, cache, token, time.perf_counter() - t0)
@@ -187,7 +222,7 @@ def main(argv=None) -> int:
             if gpt2 is not None:
                 gpt2_decode(gpt2, kv, gtoken, args.warmup)
                 gpt2_crop(kv, ctx)
-            times = {"exact": [], "distilled": [], "gpt2": []}
+            times = {name: [] for name in (*models, "gpt2")}
             for _ in range(args.repeats):
                 for name, (model, cache, token, _) in state.items():
                     times[name].append(per_token_ms(decode, model, cache, token, steps=args.steps))
@@ -198,36 +233,28 @@ def main(argv=None) -> int:
         mem = {name: state[name][1].memory_bytes() / MB for name in state}
         prefill_s = {name: state[name][3] for name in state}
         del state, kv  # the peak-memory pass below starts from the weights alone
-        peak = decode_peak_mb(ctx, args.steps, generator, exact, distilled, gpt2)
-        row = [
-            ctx,
-            f"{ms['exact']:.2f}",
-            f"{ms['distilled']:.2f}",
-            f"{ms['gpt2']:.2f}" if gpt2 is not None else "-",
-            f"{ms['exact'] / ms['distilled']:.2f}×",
-            f"{ms['gpt2'] / ms['distilled']:.2f}×" if gpt2 is not None else "-",
-            f"{mem['exact']:.2f}",
-            f"{mem['distilled']:.3f}",
-            f"{kv_bytes / MB:.2f}" if gpt2 is not None else "-",
-            " / ".join(f"{peak[name]:.1f}" if name in peak else "-" for name in ("exact", "distilled", "gpt2")),
-            f"{prefill_s['exact']:.1f} / {prefill_s['distilled']:.1f}",
+        peak = decode_peak_mb(ctx, args.steps, generator, models, gpt2)
+        if gpt2 is not None:
+            mem["gpt2"] = kv_bytes / MB
+        row = [ctx]
+        row += [f"{ms[name]:.2f}" if name in ms else "-" for name in (*models, "gpt2")]
+        row += [f"{ms['exact'] / ms[name]:.2f}×" for name in models if name != "exact"]
+        row += [f"{mem[name]:.3f}" if name in mem else "-" for name in (*models, "gpt2")]
+        row += [
+            " / ".join(f"{peak[name]:.1f}" if name in peak else "-" for name in (*models, "gpt2")),
+            " / ".join(f"{prefill_s[name]:.1f}" for name in models),
         ]
         rows.append(row)
         print("  " + " | ".join(str(c) for c in row), flush=True)
 
-    headers = [
-        "context",
-        "exact ms/token",
-        f"distilled (N={args.num_modes}) ms/token",
-        "GPT-2 ms/token",
-        "exact ÷ distilled",
-        "GPT-2 ÷ distilled",
-        "exact state MB",
-        "distilled state MB",
-        "GPT-2 KV MB",
-        "decode peak MB (exact / distilled / GPT-2)",
-        "prefill s (exact / distilled)",
-    ]
+    label = {"exact": "exact", "distilled": f"distilled (N={args.num_modes})", "mixed": f"mixed (tol {args.tolerance})"}
+    label["gpt2"] = "GPT-2"
+    names = " / ".join(label[n] for n in (*models, "gpt2"))
+    headers = ["context"]
+    headers += [f"{label[n]} ms/token" for n in (*models, "gpt2")]
+    headers += [f"exact ÷ {label[n]}" for n in models if n != "exact"]
+    headers += [f"{label[n]} state MB" if n != "gpt2" else "GPT-2 KV MB" for n in (*models, "gpt2")]
+    headers += [f"decode peak MB ({names})", f"prefill s ({' / '.join(label[n] for n in models)})"]
     table = markdown_table(headers, rows)
     cfg = exact.config
     params = sum(p.numel() for p in exact.parameters())
@@ -236,11 +263,10 @@ def main(argv=None) -> int:
         f"- H3: {source}; hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, MLP {cfg.intermediate_size}, "
         f"L_max {cfg.max_kernel_length}, attention layers {list(cfg.attention_layers)}, vocab {cfg.vocab_size}, "
         f"{params / 1e6:.1f}M parameters.",
-        f"- Distillation: `distill_for_decoding({args.num_modes})` took {distill_s:.1f} s for {len(errors)} layers; "
-        f"relative L2 error of the fitted kernels: mean {all_errors.mean():.4f}, median {all_errors.median():.4f}, "
-        f"max {all_errors.max():.4f}.",
-        f"- Handover (full forward vs prefill + {8} decode steps, max |Δlogit|): exact {exact_check:.2e}, "
-        f"distilled {distilled_check:.2e}.",
+        *(f"- {label[name]}: {text}." for name, text in summaries.items()),
+        "- Handover (full forward vs prefill + 8 decode steps, max |Δlogit|): "
+        + ", ".join(f"{label[n]} {c:.2e}" for n, c in checks.items())
+        + ".",
         "- GPT-2: "
         + (
             "not timed (`--no-gpt2`)."
@@ -250,6 +276,7 @@ def main(argv=None) -> int:
         ),
         f"- Timing: batch 1, fp32, {args.warmup} warm-up steps, then {args.repeats} interleaved rounds of "
         f"{args.steps} greedy decode steps per model; medians over rounds. torch threads: {torch.get_num_threads()}.",
+        "- State MB: `RecurrentCache.memory_bytes()` after the prefill (long and shift convolutions, all layers).",
         "- Decode peak MB: the process's resident high-water mark (Linux VmHWM) above the resident memory before "
         "the state was built, over the state and one block of decode steps; H3 prefill transients excluded.",
         f"- Whole script wall time: {time.perf_counter() - script_start:.0f} s.",
@@ -262,7 +289,7 @@ def main(argv=None) -> int:
     if not args.no_write:
         path = write_report(
             args.name,
-            "Decode time and state memory vs context length: H3 exact vs distilled vs GPT-2",
+            "Decode time and state memory vs context length: H3 exact vs distilled vs mixed",
             ["## Results (medians)\n\n" + table, "## Notes\n\n" + notes_text],
         )
         print(f"\nwrote {path}")

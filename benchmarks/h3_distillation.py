@@ -16,8 +16,9 @@ The issue's target: distilled perplexity within 1% of the exact model's at N ≤
 Run: ``python benchmarks/h3_distillation.py --model runs/h3-wt2`` (a few minutes for a 4-layer 256-wide model).
 
 Synthetic section (issue 30): ``--synthetic RUN.pt`` takes the checkpoint of an ``ssmhub-synthetic`` H3 run on a
-regression task (e.g. Shift at L 512, where the exact model reaches R² ≥ 0.99) and reports the held-out R² of the
-exact model and of each distillation in ``--configs`` (``method:N`` or ``method:N:tolerance``; the reference
+regression task (e.g. Shift at L 512, where the exact model reaches R² ≥ 0.99) or a token task (e.g. MQAR) and
+reports the held-out R² (token tasks: accuracy over the labelled positions) of the exact model and of each
+distillation in ``--configs`` (``method:N`` or ``method:N:tolerance``; the reference
 Hankel/ESPRIT fit is ``hankel``), with the kernel errors, the heads left exact and the decode state per sequence;
 and the Hankel singular values of the trained kernels (table and ``<name>_hsv.png``)::
 
@@ -192,12 +193,11 @@ def hsv_summary(model, plot_path: str | None) -> str:
 
 
 def synthetic_main(args) -> int:
-    """The synthetic section: exact vs distilled R² of a trained ssmhub-synthetic H3 regression model."""
+    """The synthetic section: exact vs distilled R² (token tasks: accuracy) of a trained ssmhub-synthetic H3."""
     import copy
 
     from ssmhub.data.synthetic import fixed_eval_set
-    from ssmhub.training.synthetic import SyntheticRunConfig, evaluate, validate_run
-    from ssmhub.training.synthetic_models import SyntheticRegressionModel
+    from ssmhub.training.synthetic import SyntheticRunConfig, _build_model, evaluate, validate_run
 
     start_all = time.perf_counter()
     payload = torch.load(args.synthetic, weights_only=False, map_location="cpu")
@@ -205,12 +205,13 @@ def synthetic_main(args) -> int:
     task, model_config, _ = validate_run(run)
     examples = args.eval_examples or run.eval_examples
     inputs, targets = fixed_eval_set(task, examples, seed=run.eval_seed)
-    base = SyntheticRegressionModel(model_config, task.input_dim, task.output_dim, task.output_length).eval()
+    base = _build_model(task, model_config).eval()
     base.load_state_dict(payload["model"])
-    exact_r2 = evaluate(base, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))["r2"]
+    metric, label = ("r2", "R²") if task.kind == "regression" else ("accuracy", "accuracy")
+    exact_r2 = evaluate(base, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))[metric]
     mixers = {n: m for n, m in base.backbone.named_modules() if type(m).__name__ == "H3Mixer"}
     exact_bytes = sum(4 * m.head_dim**2 * m.num_heads * (m.max_kernel_length - 1) for m in mixers.values())
-    print(f"exact R² {exact_r2:.4f}; exact long-conv state {exact_bytes} bytes per sequence", flush=True)
+    print(f"exact {label} {exact_r2:.4f}; exact long-conv state {exact_bytes} bytes per sequence", flush=True)
     rows = [["exact", "-", "-", "-", "-", f"{exact_bytes:,}", "-", f"{exact_r2:.4f}", "-"]]
     for spec in args.configs:
         method, modes, *tol = spec.split(":")
@@ -222,7 +223,7 @@ def synthetic_main(args) -> int:
         errors = torch.cat([r.fit_errors if tolerance is None else r.errors for r in reports.values()])
         exact_heads = sum(len(r.exact_heads) for r in reports.values())
         orders = torch.cat([r.orders[r.orders > 0] for r in reports.values()]).float()
-        r2 = evaluate(model, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))["r2"]
+        r2 = evaluate(model, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))[metric]
         row = [
             method,
             modes,
@@ -244,7 +245,7 @@ def synthetic_main(args) -> int:
         "heads left exact",
         "long-conv decode state (bytes / sequence)",
         "mean order of distilled heads",
-        "R²",
+        label,
         "fit s",
     ]
     table = markdown_table(headers, rows)
@@ -253,8 +254,13 @@ def synthetic_main(args) -> int:
     notes = "\n".join(
         [
             f"- Model: `ssmhub-synthetic` H3 on {run.task} (L {run.seq_len}), {run.num_layers} layers, width "
-            f"{run.hidden_size}, {run.max_steps} steps, lr {run.lr or 1e-3}, seed {run.seed}; R² is the mean batch R² "
-            f"over {examples} held-out examples (eval seed {run.eval_seed}), as in synthetic.md.",
+            f"{run.hidden_size}, {run.max_steps} steps, lr {run.lr or 1e-3}, seed {run.seed}; "
+            + (
+                f"R² is the mean batch R² over {examples} held-out examples"
+                if metric == "r2"
+                else f"accuracy over every labelled position of {examples} held-out examples"
+            )
+            + f" (eval seed {run.eval_seed}), as in synthetic.md.",
             "- `hankel` is the reference Hankel/ESPRIT fit (before issue 30), `best` the per-head best of it, "
             "balanced truncation and frequency-sampling poles; with a tolerance the order is chosen per head "
             "(1, 2, 4, … up to the budget) and a head no order fits within the tolerance stays exact.",
@@ -267,7 +273,7 @@ def synthetic_main(args) -> int:
     print(table, "\n", hsv, "\n", notes, sep="\n")
     if not args.no_write:
         sections = [
-            "## Exact vs distilled R²\n\n" + table,
+            f"## Exact vs distilled {label}\n\n" + table,
             "## Notes\n\n" + notes,
             "## Hankel singular values of the trained kernels\n\n"
             + hsv
@@ -277,7 +283,7 @@ def synthetic_main(args) -> int:
         ]
         print(
             "wrote",
-            write_report(args.name, f"H3 distillation on synthetic {run.task}: exact vs distilled R²", sections),
+            write_report(args.name, f"H3 distillation on synthetic {run.task}: exact vs distilled {label}", sections),
         )
     return 0
 

@@ -100,13 +100,17 @@ def test_bad_requests():
         tiny_config(squash_lambda=-0.1)
 
 
-def _mixed_mixer(seed=0):
+def _mixed_mixer(seed=0, hidden=8, heads=4, modes=6):
     """A layer whose heads' fits straddle the tolerance: some distilled, some left exact."""
     torch.manual_seed(seed)
-    mixer = H3Mixer(8, max_kernel_length=32, ssm_num_heads=4, squash_lambda=0.0).eval()
-    report = mixer.distill(6, tolerance=0.3)
-    assert 0 < len(report.exact_heads) < 4
+    mixer = H3Mixer(hidden, max_kernel_length=32, ssm_num_heads=heads, squash_lambda=0.0).eval()
+    report = mixer.distill(modes, tolerance=0.3)
+    assert 0 < len(report.exact_heads) < heads
     return mixer, report
+
+
+# (seed, hidden, heads, modes): one order for every distilled head; three orders (2, 4, 8) and one exact head
+MIXED_LAYERS = [(0, 8, 4, 6), (1, 16, 8, 8)]
 
 
 def test_tolerance_is_honoured_head_by_head():
@@ -134,13 +138,21 @@ def test_tolerance_is_honoured_head_by_head():
     assert loose.orders.tolist() == expected and min(expected) < 6
 
 
-def test_mixed_exact_and_distilled_decoding_equals_the_full_forward():
-    mixer, report = _mixed_mixer()
+@pytest.mark.parametrize("layer", MIXED_LAYERS)
+def test_mixed_exact_and_distilled_decoding_equals_the_full_forward(layer):
+    mixer, report = _mixed_mixer(*layer)
+    hidden, dh = mixer.hidden_size, mixer.head_dim
     layout = mixer.state_layout(2)
-    modal = 4 - len(report.exact_heads)
-    assert layout["kv_state"][0] == (2, 2, 2, modal, mixer.num_state_modes)
-    assert layout["kv_window"][0] == (2, 2, 2, len(report.exact_heads), 31)
-    x = torch.randn(2, 40, 8)  # longer than L_max: the exact heads' windows roll
+    # one modal state per order, each exactly that wide (no head padded to the layer's largest order)
+    orders = sorted(set(report.orders.tolist()) - {0})
+    names = ["kv_state"] if len(orders) == 1 else [f"kv_state_{n}" for n in orders]
+    for name, order in zip(names, orders):
+        assert layout[name] == ((2, dh, dh, int((report.orders == order).sum()), order), torch.complex64)
+    assert layout["kv_window"][0] == (2, dh, dh, len(report.exact_heads), 31)
+    assert set(layout) == {"shift_state", "kv_window", *names}
+    modal_bytes = 8 * dh * dh * int(report.orders.sum())  # complex64 per mode actually used
+    assert report.state_bytes == modal_bytes + 4 * dh * dh * 31 * len(report.exact_heads)
+    x = torch.randn(2, 40, hidden)  # longer than L_max: the exact heads' windows roll
     full, _ = mixer(x)
     # oracle: the convolution with the mixed kernel (learned for exact heads, modal for the rest)
     kernel = mixer.kernel(40)

@@ -176,14 +176,29 @@ class H3Mixer(TokenMixer):
         modes = self.ssm.head_modes[~self.ssm.exact_heads]
         return int(modes.max()) if modes.numel() else 0
 
+    def _modal_groups(self) -> list[tuple[str, int, torch.Tensor]]:
+        """``(state name, order, head indices)`` per order used by a distilled layer's modal heads, ascending.
+
+        Heads of one order share one modal state of exactly that width, so no head's state is padded to the
+        largest order of the layer. A layer whose modal heads all use one order names its state ``kv_state``
+        (a fully distilled layer); with several orders the states are ``kv_state_{order}``.
+        """
+        modal, _ = self._head_split()
+        modes = self.ssm.head_modes[modal]
+        orders = modes.unique().tolist()  # sorted
+        return [
+            ("kv_state" if len(orders) == 1 else f"kv_state_{order}", order, modal[modes == order]) for order in orders
+        ]
+
     def _head_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(modal head indices, exact head indices) of a distilled layer; a diagonal SSM is all modal."""
         exact = self.ssm.exact_heads if self.distilled else torch.zeros(self.num_heads, dtype=torch.bool)
         return (~exact).nonzero().flatten(), exact.nonzero().flatten()
 
-    def modal_form(self, heads: torch.Tensor | None = None) -> ModalKernel:
+    def modal_form(self, heads: torch.Tensor | None = None, modes: int | None = None) -> ModalKernel:
         """The modal form of the long kernel: the diagonal SSM's own, or the distilled fit (see
-        :func:`ssmhub.ops.modal.fit_modal_kernel`); with ``heads``, those heads' fits cut to the modes they use."""
+        :func:`ssmhub.ops.modal.fit_modal_kernel`); with ``heads``, those heads' fits cut to their first ``modes``
+        modes (default: the most any distilled head uses)."""
         if self.kernel_type == "diagonal_ssm":
             return self.long_conv.modal()
         if not self.distilled:
@@ -192,7 +207,7 @@ class H3Mixer(TokenMixer):
         form = ModalKernel(m.log_modulus, m.phase, m.residues, m.direct, m.relative_error)
         if heads is None:
             return form
-        modes = self.num_state_modes
+        modes = self.num_state_modes if modes is None else modes
         return ModalKernel(
             *(
                 getattr(form, f)[heads][:, :modes] if getattr(form, f).dim() > 1 else getattr(form, f)[heads]
@@ -283,40 +298,47 @@ class H3Mixer(TokenMixer):
             if name != "shift_state"
         )
 
-    def _modal_conv(self, kv: torch.Tensor, initial_state: torch.Tensor | None, return_state: bool, heads=None):
-        """Modal long conv of kv (B, d_h, d_h, H', L) + D·kv over ``heads`` (default all).
+    def _modal_conv(
+        self, kv: torch.Tensor, initial_state: torch.Tensor | None, return_state: bool, heads=None, modes=None
+    ):
+        """Modal long conv of kv (B, d_h, d_h, H', L) + D·kv over ``heads`` (default all), each with its first
+        ``modes`` modes (see :meth:`modal_form`).
 
         State: (B, d_h, d_h, H', N) complex64."""
         batch, dh, _, count, length = kv.shape
         u = kv.reshape(batch * dh * dh, count, length)  # (B·d_h², H', L)
         state = None if initial_state is None else initial_state.reshape(batch * dh * dh, count, -1)
-        y, final = modal_scan(u, self.modal_form(heads), initial_state=state, return_final_state=return_state)
+        form = self.modal_form(heads, modes)
+        y, final = modal_scan(u, form, initial_state=state, return_final_state=return_state)
         skip = self.long_conv.skip.float() if heads is None else self.long_conv.skip.float()[heads]
         y = y.reshape(kv.shape) + skip[:, None] * kv
         return y, None if final is None else final.reshape(batch, dh, dh, count, -1)
 
-    def _modal_conv_step(self, kv_t: torch.Tensor, state: torch.Tensor, heads=None):
+    def _modal_conv_step(self, kv_t: torch.Tensor, state: torch.Tensor, heads=None, modes=None):
         """One token of :meth:`_modal_conv`: kv_t (B, d_h, d_h, H') -> (y_t, new state)."""
         batch, dh, _, count = kv_t.shape
-        form = self.modal_form(heads)
+        form = self.modal_form(heads, modes)
         y, new_state = modal_step(kv_t.reshape(-1, count), state.reshape(batch * dh * dh, count, -1), form)
         skip = self.long_conv.skip.float() if heads is None else self.long_conv.skip.float()[heads]
         y = y.reshape(kv_t.shape) + skip * kv_t
         return y, new_state.reshape(batch, dh, dh, count, -1)
 
     def _distilled_conv(self, kv: torch.Tensor, state, return_state: bool):
-        """Long conv of a distilled layer, kv (B, d_h, d_h, H, L): modal heads by their modal state
-        (``kv_state``), heads left exact by their learned kernel and window of L_max − 1 inputs (``kv_window``).
-        One token (kv (B, d_h, d_h, H)) is a step of each. Returns ``(s like kv, {state name: final or None})``."""
-        modal, exact = self._head_split()
+        """Long conv of a distilled layer, kv (B, d_h, d_h, H, L): modal heads by the modal state of their order
+        (:meth:`_modal_groups`), heads left exact by their learned kernel and window of L_max − 1 inputs
+        (``kv_window``). One token (kv (B, d_h, d_h, H)) is a step of each. Returns
+        ``(s like kv, {state name: final or None})``."""
+        _, exact = self._head_split()
         one = kv.dim() == 4
         s, parts = torch.empty_like(kv, dtype=torch.float32), {}
-        if modal.numel():
-            previous = None if state is None else state["kv_state"]
+        for name, order, heads in self._modal_groups():
+            previous = None if state is None else state[name]
             if one:
-                s[..., modal], parts["kv_state"] = self._modal_conv_step(kv[..., modal], previous, modal)
+                s[..., heads], parts[name] = self._modal_conv_step(kv[..., heads], previous, heads, order)
             else:
-                s[..., modal, :], parts["kv_state"] = self._modal_conv(kv[..., modal, :], previous, return_state, modal)
+                s[..., heads, :], parts[name] = self._modal_conv(
+                    kv[..., heads, :], previous, return_state, heads, order
+                )
         if exact.numel():
             kernel, skip = self.long_conv(self.max_kernel_length)[exact], self.long_conv.skip[exact]
             previous = None if state is None else state["kv_window"]
@@ -364,9 +386,10 @@ class H3Mixer(TokenMixer):
 
         ``shift_state``: (B, d, shift_kernel_size − 1), the last k inputs, oldest first; ``kv_state``:
         (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first, or, for a modal layer,
-        the complex64 modal state (B, d_h, d_h, H, N), independent of the context. A distilled layer with heads
-        left exact holds ``kv_state`` (B, d_h, d_h, H_modal, N) for its modal heads and ``kv_window``
-        (B, d_h, d_h, H_exact, max_kernel_length − 1) for the exact ones (each only when it has such heads).
+        the complex64 modal state (B, d_h, d_h, H, N), independent of the context. A distilled layer holds, per
+        order n its modal heads use, a state (B, d_h, d_h, H_n, n) for the H_n heads of that order (named by
+        :meth:`_modal_groups`: ``kv_state`` when there is one order), and ``kv_window``
+        (B, d_h, d_h, H_exact, max_kernel_length − 1) for the heads left exact (when it has such heads).
         """
         dh, window = self.head_dim, self.max_kernel_length - 1
         layout = {"shift_state": ((batch_size, self.hidden_size, self.shift_kernel_size - 1), torch.float32)}
@@ -375,9 +398,9 @@ class H3Mixer(TokenMixer):
         elif not self.distilled:
             layout["kv_state"] = ((batch_size, dh, dh, self.num_heads, window), torch.float32)
         else:
-            modal, exact = self._head_split()
-            if modal.numel():
-                layout["kv_state"] = ((batch_size, dh, dh, modal.numel(), self.num_state_modes), torch.complex64)
+            _, exact = self._head_split()
+            for name, order, heads in self._modal_groups():
+                layout[name] = ((batch_size, dh, dh, heads.numel(), order), torch.complex64)
             if exact.numel():
                 layout["kv_window"] = ((batch_size, dh, dh, exact.numel(), window), torch.float32)
         return layout
