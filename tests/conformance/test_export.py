@@ -21,16 +21,9 @@ from ssmhub.export import (
 NEW_TOKENS, PROMPT = 32, 5
 MAX_LENGTH = PROMPT + NEW_TOKENS
 
-def _decoder_params(slow_onnx=()):
-    params = []
-    for family in FAMILIES:
-        if family.causal_lm is None:
-            continue
-        marks = []
-        if family.name in slow_onnx:
-            marks.append(pytest.mark.slow)
-        params.append(pytest.param(family, marks=marks, id=family.name))
-    return params
+
+def _decoder_params():
+    return [pytest.param(family, id=family.name) for family in FAMILIES if family.causal_lm is not None]
 
 
 def _eager(family):
@@ -58,7 +51,7 @@ def test_the_exported_program_decodes_as_generate(family):
 
 
 # the ONNX export takes several seconds a family: the families whose step the others repeat run in `make test-all`
-@pytest.mark.parametrize("family", _decoder_params(slow_onnx=("dlr", "bdlrnn-paper", "h3", "serpent")))
+@pytest.mark.parametrize("family", _decoder_params())
 def test_onnxruntime_decodes_as_generate(family, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     model, prompt, tokens, logits = _eager(family)

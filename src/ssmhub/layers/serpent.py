@@ -47,7 +47,7 @@ from .initial_values import fill_initial_values
 from .mamba import MambaMixer
 from .mixer import TokenMixer
 from .serpent_options import SerpentOptions
-from .serpent_step import stacked_weights, step_branches
+from .serpent_step import stack_branches, stacked_weights, step_branches
 
 __all__ = ["ResamplingBranch", "SerpentMixer", "SerpentOptions"]
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
@@ -335,10 +335,24 @@ class SerpentMixer(TokenMixer):
         new_state = {f"base.{name}": value for name, value in base_state.items()}
         if not len(self.resampled):
             return y_t, new_state
-        weights = stacked_weights(self, self.resampled)
-        y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
+        if torch.compiler.is_compiling():  # each branch on its own weights: stacking them would copy every step
+            y_branches, stacked = self._step_branches_one_by_one(x_t, self._part(state, "resampled"), mask_t)
+        else:
+            weights = stacked_weights(self, self.resampled)
+            y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
         new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
         return torch.cat([y_t, y_branches.flatten(1)], dim=-1), new_state  # (B, H_b + R·H_b), branch order
+
+    def _step_branches_one_by_one(self, x_t, stacked, mask_t):
+        """:func:`step_branches` of each resampling branch alone (R = 1, its weights as views), restacked."""
+        results = [
+            step_branches(
+                stack_branches([branch]), x_t, {name: value[:, i : i + 1] for name, value in stacked.items()}, mask_t
+            )
+            for i, branch in enumerate(self.resampled)
+        ]
+        y = torch.cat([y for y, _ in results], dim=1)  # (B, R, H_b)
+        return y, {name: torch.cat([s[name] for _, s in results], dim=1) for name in stacked}
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, branch_size={self.branch_size}, mode={self.resampling_mode!r}"

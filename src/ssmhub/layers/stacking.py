@@ -26,14 +26,16 @@ def stack(tensors: Sequence[torch.Tensor | None], *, transpose: bool = False, mi
     (R, 1, ...), broadcasting over the batch rows of a (R, B, ...) activation."""
     if tensors[0] is None:
         return None
-    stacked = torch.stack([t.t() if transpose else t for t in tensors])
+    tensors = [t.t() if transpose else t for t in tensors]
+    stacked = tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)  # one: a view, no copy
     return stacked.unsqueeze(1) if middle else stacked
 
 
 def kept_stack(owner: nn.Module, modules: Sequence[nn.Module], build: Callable[[], Stacked]) -> Stacked:
     """``build()``, kept on ``owner`` between decode steps and made again when a weight of ``modules`` changed (its
     version counter, storage or dtype: an optimizer step, a load, a ``.to``), when gradients are on (the stack
-    must carry them) or under ``torch.compile`` (which fuses the stacking into the step)."""
+    must carry them) or under ``torch.compile`` (which cannot check versions: there a module runs on its own weights,
+    :func:`stack` of one module being views)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return build()
     key = tuple((p.data_ptr(), p._version, p.dtype) for module in modules for p in module.parameters())
