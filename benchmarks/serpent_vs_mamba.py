@@ -42,6 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-tokens", type=int, default=1024, help="training: batch = max(1, this // L)")
     p.add_argument("--rounds", type=int, default=5, help="worker processes per source tree")
     p.add_argument("--before-src", help="another ssmhub source tree to time in the same run (its src folder)")
+    p.add_argument("--compiled", action="store_true", help="also time the compiled decode step (this tree only)")
+    p.add_argument("--name", default="serpent_vs_mamba", help="results file stem")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-write", action="store_true", help="print only")
     return p.parse_args(argv)
@@ -101,6 +103,23 @@ def decode_ops(model, steps: int = 8) -> float:
     return Count.calls / steps
 
 
+def compiled_decode_ms(model, context: int, steps: int) -> float:
+    """ms/token of ``steps`` greedy steps of the decode step compiled by ``torch.compile(fullgraph=True)``
+    (Inductor) on a preallocated cache (``model.static_cache``), after a ``context``-token prompt."""
+    from ssmhub.models.cache_argument import CACHE_FIELD
+
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(context))
+    cache = model.static_cache(1, context + steps + 8)
+    step = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        token = model(ids, use_cache=True, **{CACHE_FIELD: cache}).logits[:, -1:].argmax(-1)
+        for i in range(steps + 4):  # the first calls compile
+            if i == 4:
+                start = time.perf_counter()
+            token = step(token, use_cache=True, **{CACHE_FIELD: cache}).logits[:, -1:].argmax(-1)
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
 def train_s(model, length: int, batch: int) -> float:
     ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length))
     model.zero_grad(set_to_none=True)
@@ -122,6 +141,11 @@ def worker(args) -> dict:
             for name, model in models.items():
                 times[name].append(decode_ms(model, context, args.steps))
         result[f"decode {context}"] = {name: median(v) for name, v in times.items()}
+    if args.compiled:
+        for context in args.contexts:
+            result[f"compiled decode {context}"] = {
+                name: compiled_decode_ms(model.eval(), context, args.steps) for name, model in models.items()
+            }
     for length in args.train_lens:
         batch = max(1, args.train_tokens // length)
         for model in models.values():
@@ -150,6 +174,7 @@ def worker_argv(args) -> list[str]:
         "--width", str(args.width), "--layers", str(args.layers), "--vocab-size", str(args.vocab_size),
         "--contexts", *map(str, args.contexts), "--steps", str(args.steps), "--repeats", str(args.repeats),
         "--train-lens", *map(str, args.train_lens), "--train-tokens", str(args.train_tokens),
+        *(["--compiled"] if args.compiled else []),
     ]  # fmt: skip
 
 
@@ -168,7 +193,7 @@ def main(argv=None) -> int:
             print(f"round {round_ + 1} {label}: {json.dumps(runs[label][-1])}", flush=True)
     rows = []
     for measure in runs["this tree"][0]:
-        unit = "" if measure.endswith("ops/token") else "ms/token" if measure.startswith("decode") else "s/step"
+        unit = "" if measure.endswith("ops/token") else "s/step" if measure.startswith("train") else "ms/token"
         for label in trees:
             mamba = median([r[measure]["mamba"] for r in runs[label]])
             serpent = median([r[measure]["serpent"] for r in runs[label]])
@@ -188,7 +213,7 @@ def main(argv=None) -> int:
             f"max(1, {args.train_tokens} // L). Each of {args.rounds} rounds is a fresh process per source tree, "
             f"{args.repeats} repeats per model inside it, models interleaved; one thread."
         )
-        path = write_report("serpent_vs_mamba", "SeRpEnt vs Mamba: decode and training step", [text, table])
+        path = write_report(args.name, "SeRpEnt vs Mamba: decode and training step", [text, table])
         print(f"wrote {path}")
     return 0
 
