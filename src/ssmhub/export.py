@@ -158,9 +158,9 @@ def export_decode_step_onnx(
     named as :meth:`DecodeStep.input_names` / :meth:`DecodeStep.output_names`. Written under a temporary name and
     renamed into place. Returns the path."""
     path = Path(path)
-    step = DecodeStep(model, batch_size, max_length)
     if path.suffix != ".onnx":
         raise ValueError(f"path must name an .onnx file; got {str(path)!r}")
+    step = DecodeStep(model, batch_size, max_length)
     model.eval()
     kwargs = {} if opset_version is None else {"opset_version": opset_version}
     with torch.no_grad():

@@ -33,7 +33,7 @@ from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .initial_values import fill_initial_values
 from .mamba_options import MambaOptions
 from .mixer import TokenMixer
-from .stacking import kept_stack, stack
+from .stacking import batched_linear, kept_stack, stack
 
 __all__ = ["MambaMixer", "MambaOptions", "MambaStepWeights", "mamba_step", "stack_step_weights"]
 
@@ -258,12 +258,6 @@ def stack_step_weights(mixers: list[MambaMixer]) -> MambaStepWeights:
     )
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Per-mixer ``x W + b``: x (R, B, in), weight (R, in, out), bias (R, 1, out) or None -> (R, B, out)."""
-    weight = weight.to(x.dtype)
-    return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.to(x.dtype), x, weight)
-
-
 def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
     """One token through R Mamba mixers at once (arXiv 2312.00752 §3.4, the formulas of the module docstring).
 
@@ -275,7 +269,7 @@ def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
     Returns:
         y (R, B, H_out) in x's dtype, conv_state (R, B, E, k − 1) and ssm_state (R, B, E, N) float32.
     """
-    u, z = _linear(x, w.in_weight, w.in_bias).chunk(2, dim=-1)  # (R, B, E) each
+    u, z = batched_linear(x, w.in_weight, w.in_bias).chunk(2, dim=-1)  # (R, B, E) each
     window = torch.cat([conv_state.to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (R, B, E, k), newest last
     u = (window * w.conv_taps.to(u.dtype)).sum(-1)
     if w.conv_bias is not None:
@@ -284,10 +278,10 @@ def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
     if mask_t is not None:  # the conv bias made a pad's input nonzero again
         u = u * mask_t[:, None].to(u.dtype)
     rank, state_size = w.dt_weight.shape[1], w.A.shape[-1]
-    time_step, B, C = torch.split(_linear(u, w.x_weight, None), [rank, state_size, state_size], dim=-1)
-    delta = F.softplus(_linear(time_step, w.dt_weight, w.dt_bias).float())  # (R, B, E): Δ = softplus(δ W_dt + b_dt)
+    time_step, B, C = torch.split(batched_linear(u, w.x_weight, None), [rank, state_size, state_size], dim=-1)
+    delta = F.softplus(batched_linear(time_step, w.dt_weight, w.dt_bias).float())  # (R, B, E): softplus(δ W_dt + b_dt)
     if mask_t is not None:  # Δ = 0: the pad leaves the SSM state unchanged
         delta = delta * mask_t[:, None].to(delta.dtype)
     y, ssm_state = selective_step(u, delta, w.A, B, C, D=w.D, z_t=z, state=ssm_state)  # (R, B, E), (R, B, E, N)
-    y = _linear(y.to(x.dtype), w.out_weight, w.out_bias)  # (R, B, H_out)
+    y = batched_linear(y.to(x.dtype), w.out_weight, w.out_bias)  # (R, B, H_out)
     return y, window[..., 1:].float(), ssm_state

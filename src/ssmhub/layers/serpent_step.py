@@ -27,7 +27,7 @@ from ..ops.resampling import (
     resampling_step,
 )
 from .mamba import MambaStepWeights, mamba_step, stack_step_weights
-from .stacking import kept_stack, stack
+from .stacking import batched_linear, kept_stack, stack
 
 __all__ = ["STREAM_FIELDS", "StackedBranches", "stack_branches", "stacked_weights", "step_branches"]
 
@@ -89,8 +89,7 @@ def _compress(w: StackedBranches, inputs, distance, valid, dtype) -> torch.Tenso
     """Eq. 12: window inputs (B, R, K, H), distances and validity (B, R, K) -> x̄ (R, B, H_b), branch first."""
     features = gaussian_distance_features(distance, w.centers, valid)  # (B, R, K, G)
     window = torch.cat([inputs.to(dtype), features.to(dtype)], dim=-1).flatten(-2)  # (B, R, K·(H + G))
-    weight, bias = w.compress_weight.to(dtype), w.compress_bias.to(dtype)
-    return torch.baddbmm(bias, window.transpose(0, 1), weight)  # (R, B, K·(H + G)) -> (R, B, H_b)
+    return batched_linear(window.transpose(0, 1), w.compress_weight, w.compress_bias)  # (R, B, H_b)
 
 
 def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.Tensor], mask_t):

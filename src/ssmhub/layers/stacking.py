@@ -14,7 +14,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-__all__ = ["kept_stack", "stack"]
+__all__ = ["batched_linear", "kept_stack", "stack"]
 
 Stacked = TypeVar("Stacked")
 
@@ -44,3 +44,10 @@ def kept_stack(owner: nn.Module, modules: Sequence[nn.Module], build: Callable[[
         kept = (key, build())
         owner.__dict__["_kept_stack"] = kept  # a plain attribute: not a buffer, not in the state dict
     return kept[1]
+
+
+def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Each module's ``x W + b`` at once: x (R, B, in), weight (R, in, out) and bias (R, 1, out) or None, as
+    :func:`stack` lays them out -> (R, B, out)."""
+    weight = weight.to(x.dtype)
+    return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.to(x.dtype), x, weight)

@@ -109,11 +109,6 @@ def _vandermonde_planes(
     return planes.flatten(0, 1)  # (2N, C)
 
 
-def _lambda(log_modulus: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
-    """``Λ`` itself (complex64), computed in float64."""
-    return torch.polar(torch.exp(log_modulus.double()), phase.double()).to(torch.complex64)
-
-
 def _chunks(length: int, state_size: int) -> list[tuple[int, int]]:
     step = max(1, _CHUNK_ELEMENTS // max(1, state_size))
     return [(s, min(step, length - s)) for s in range(0, length, step)]
@@ -358,18 +353,17 @@ def dlr_scan_recurrent(
     initial_state: torch.Tensor | None = None,
     return_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`dlr_scan` by the recurrence of Eq. 1, token by token in complex64: O(L·H·N) with no kernel, FFT or
+    """:func:`dlr_scan` by the recurrence of Eq. 1, :func:`dlr_step` token by token: O(L·H·N) with no kernel, FFT or
     Vandermonde matrix, so for a few tokens after a state (a verification forward of assisted decoding, a rollback
     replay) it costs a few decode steps instead of a parallel pass's fixed cost. Same arguments and returns."""
-    lam = _lambda(log_modulus, phase)  # (N,)
     batch, channels, seq_len = u.shape
     state = initial_state
     if state is None:
-        state = torch.zeros(batch, channels, lam.shape[-1], dtype=torch.complex64, device=u.device)
+        state = torch.zeros(batch, channels, w.shape[-1], dtype=torch.complex64, device=u.device)
     outputs = []
     for k in range(seq_len):
-        state = lam * state + u[..., k].float().unsqueeze(-1)  # (B, H, N)
-        outputs.append(_readout((state * w).sum(-1), readout))  # (B, H)
+        y_k, state = dlr_step(u[..., k], state, log_modulus, phase, w, readout)  # (B, H), (B, H, N)
+        outputs.append(y_k)
     y = torch.stack(outputs, dim=-1) if outputs else u.new_zeros(batch, channels, 0, dtype=torch.float32)
     return y, (state if return_final_state else None)
 
