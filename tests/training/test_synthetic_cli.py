@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -91,17 +92,24 @@ def test_a_run_is_deterministic_and_reports_the_row():
     assert first["wall_s"] > 0 and first["lr"] == 1e-2
 
 
-@pytest.mark.parametrize("task", ["shift", "mqar"])
+@pytest.mark.parametrize("task", ["shift", "mqar", "shift-cosine"])
 def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path, task):
-    options = {"task": task, "checkpoint_every": 2}
+    task, _, schedule = task.partition("-")
+    options = {"task": task, "checkpoint_every": 2, "lr_schedule": schedule or "constant"}
     if task == "mqar":
         options |= {"seq_len": 32, "num_kv_pairs": 4, "vocab_size": 64}
     whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
     uninterrupted = run_synthetic(tiny(max_steps=5, checkpoint=str(whole), **options), log=lambda _: None)
-    run_synthetic(tiny(max_steps=3, checkpoint=str(pieces), **options), log=lambda _: None)  # 3 steps, then 5
+    if schedule:  # the schedule spans max_steps: interrupt a 5-step run at step 4, after its save at step 2
+        with pytest.raises(KeyboardInterrupt):
+            run_synthetic(tiny(max_steps=5, checkpoint=str(pieces), log_every=1, **options), log=_interrupt_at_step_4)
+        done = 2
+    else:  # 3 steps, then 5
+        run_synthetic(tiny(max_steps=3, checkpoint=str(pieces), **options), log=lambda _: None)
+        done = 3
     lines = []
     resumed = run_synthetic(tiny(max_steps=5, checkpoint=str(pieces), **options), log=lines.append)
-    assert lines == [f"resuming from {pieces} after step 3"] and resumed["resumed_from_step"] == 3
+    assert lines == [f"resuming from {pieces} after step {done}"] and resumed["resumed_from_step"] == done
     for name in ("value", "final_train_loss", "steps", "lr", "num_parameters"):
         assert resumed[name] == uninterrupted[name], name
     a, b = torch.load(whole, weights_only=True), torch.load(pieces, weights_only=True)
@@ -113,6 +121,22 @@ def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path, task):
     assert torch.equal(a["data_generator"], b["data_generator"])
     assert resumed["s_per_step"] > 0 and resumed["wall_s"] >= b["progress"]["elapsed_s"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.pt", "whole.pt"]  # no temporary files left
+
+
+def _interrupt_at_step_4(line: str) -> None:
+    if line.startswith("step 4/"):
+        raise KeyboardInterrupt
+
+
+def test_the_cosine_schedule_decays_every_group_from_its_own_rate(tmp_path):
+    path = tmp_path / "run.pt"
+    overrides = {"state_size": 8, "recurrence_learning_rate": 1e-4}
+    run_synthetic(tiny(max_steps=4, checkpoint=str(path), lr_schedule="cosine", model_config=overrides))
+    groups = torch.load(path, weights_only=True)["optimizer"]["param_groups"]
+    last_step_factor = 0.5 * (1 + math.cos(math.pi * 3 / 4))  # step 4 of 4 runs at progress 3/4
+    assert {g["base_lr"] for g in groups} == {1e-2, 1e-4}
+    for group in groups:
+        assert group["lr"] == pytest.approx(group["base_lr"] * last_step_factor, rel=1e-12)
 
 
 @pytest.mark.parametrize("family", ["dlr", "attention"])
@@ -252,6 +276,7 @@ def test_cli_mqar_run_reports_accuracy(tmp_path, capsys):
         (["--model_type", "bdlrnn", "--hidden_size", "12"], "hidden_size"),
         (["--max_steps", "0"], "max_steps must be a positive integer"),
         (["--lr", "-1"], "lr must be a positive number"),
+        (["--lr_schedule", "linear"], "--lr_schedule: invalid choice"),
         (["--device", "tpu"], "device"),
         (["--device", "cuda:7"], "--device cuda:7"),
         (["--seed", "7", "--eval_seed", "7"], "seed must differ from eval_seed"),

@@ -2,7 +2,9 @@
 
 The protocol of the DLR paper for its atomic tasks (arXiv:2212.00768, §3.3 and §A.6): a fresh batch
 every step, AdamW at a constant learning rate with no weight decay, no warmup or clipping (over the
-backbone's own parameter groups, so a ``recurrence_learning_rate`` in ``model_config`` applies); the
+backbone's own parameter groups, so a ``recurrence_learning_rate`` in ``model_config`` applies;
+``--lr_schedule cosine`` decays every group's rate to 0 at ``max_steps`` instead, so that a short run
+ends on a settled model rather than wherever its last constant-rate step left it); the
 regression tasks minimize the MSE and are scored by R² (``1 − MSE/Var`` with the batch mean, averaged
 over the evaluation batches). The token-recall tasks (MQAR, associative recall, induction head) minimize
 the cross entropy at their labelled positions and are scored by accuracy there (Zoology's metric).
@@ -42,6 +44,7 @@ from ..metrics.functional import accuracy_counts
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from ..preflight import check_device, check_output_file
 from .run_state import load_run_state, restore_run_state, save_run_state
+from .schedule import lr_lambda
 from .synthetic_models import (
     ATTENTION_FAMILY,
     SyntheticRegressionModel,
@@ -54,6 +57,7 @@ __all__ = ["RESUMABLE_CHANGES", "SyntheticRunConfig", "default_learning_rate", "
 
 # Settings that may differ between a run and the run that resumes its checkpoint: the budget, where and
 # how often it is saved, logging, and the device.
+LR_SCHEDULES = ("constant", "cosine")
 RESUMABLE_CHANGES = ("max_steps", "checkpoint", "checkpoint_every", "log_every", "device")
 
 
@@ -68,6 +72,7 @@ class SyntheticRunConfig:
     hidden_size: int = 128
     max_steps: int = 1000
     lr: float | None = None
+    lr_schedule: str = "constant"  # or "cosine": decay to 0 at max_steps (no warmup)
     weight_decay: float = 0.0
     batch_size: int = 64
     seed: int = 0
@@ -119,6 +124,8 @@ def validate_run(config: SyntheticRunConfig):
         isinstance(config.lr, (int, float)) and config.lr > 0 and math.isfinite(config.lr)
     ):
         raise ValueError(f"lr must be a positive number, got {config.lr!r}")
+    if config.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {config.lr_schedule!r}")
     if not config.weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay!r}")
     if config.matmul_precision not in MATMUL_PRECISIONS:
@@ -153,6 +160,13 @@ def _build_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optim
     """AdamW over the model's groups: the backbone's own (its recurrence learning rate, no decay on
     recurrences, norms and biases), then the task heads'."""
     return torch.optim.AdamW(model.optimizer_param_groups(weight_decay, lr), lr=lr, weight_decay=weight_decay)
+
+
+def _set_learning_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Every group's rate at ``factor`` times the rate it was built with (kept in the group, so it is
+    saved with the optimizer and a resumed run continues the same schedule)."""
+    for group in optimizer.param_groups:
+        group["lr"] = group.setdefault("base_lr", group["lr"]) * factor
 
 
 def _loss(model, task, inputs, targets) -> torch.Tensor:
@@ -220,6 +234,8 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
         model.train()
         train_start = time.perf_counter()
         for step in range(progress["step"] + 1, config.max_steps + 1):
+            if config.lr_schedule == "cosine":
+                _set_learning_rates(optimizer, lr_lambda(step - 1, 0, config.max_steps, 0.0))
             progress["loss"] = _train_step(model, optimizer, task, config.batch_size, data, device)
             if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
                 rate = (progress["train_s"] + time.perf_counter() - train_start) / step
@@ -325,6 +341,12 @@ def _parser() -> CommandLineParser:
         parser.add_argument(f"--{name}", type=int, default=getattr(d, name))
     parser.add_argument("--eval_seed", type=int, default=d.eval_seed)
     parser.add_argument("--lr", type=float, default=None, help="default: the paper's Table 7 value (see docs)")
+    parser.add_argument(
+        "--lr_schedule",
+        default=d.lr_schedule,
+        choices=LR_SCHEDULES,
+        help="constant (the paper's protocol) or cosine (decay to 0 at max_steps)",
+    )
     parser.add_argument("--weight_decay", type=float, default=d.weight_decay)
     parser.add_argument("--vocab_size", type=int, default=d.vocab_size, help="token tasks")
     parser.add_argument("--num_kv_pairs", type=int, default=d.num_kv_pairs, help="MQAR")

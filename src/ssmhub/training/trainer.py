@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -67,6 +66,7 @@ from .data import build_windows, check_data_dir, corpus_source, iter_documents
 from .metrics import MetricsLogger, plot_losses
 from .model_card import final_metrics, push_folder_to_hub, write_model_card
 from .param_groups import param_groups
+from .schedule import lr_lambda
 
 __all__ = ["EpochShuffleSampler", "TrainResult", "build_model_config", "lr_lambda", "train"]
 
@@ -103,14 +103,6 @@ class EpochShuffleSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.n
-
-
-def lr_lambda(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
-    """Linear warmup over ``warmup_steps``, then cosine decay from 1 to ``min_ratio`` at ``max_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def build_model_config(config: TrainConfig, tokenizer=None):
@@ -200,6 +192,7 @@ _RESUME_MUST_MATCH = (
     "gradient_accumulation_steps",
     "packing",
     "stateful",
+    "repeat_passage_probability",
 )
 
 
@@ -345,7 +338,7 @@ def _window_batches(config: TrainConfig, accelerator, train_windows, model, opti
             f"{len(train_windows)} train windows are too few for a global batch of "
             f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
         )
-    return model, optimizer, WindowBatches(loader, sampler)
+    return model, optimizer, WindowBatches(loader, sampler, config.repeat_passage_probability, config.seed)
 
 
 def _stateful_batches(config: TrainConfig, accelerator, stream, model):
