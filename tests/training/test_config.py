@@ -52,6 +52,8 @@ def test_unknown_flag_names_it():
         ({"mixed_precision": "fp8"}, "mixed_precision must be one of"),
         ({"push_to_hub": True}, "push_to_hub needs hub_model_id"),
         ({"save_steps": -1}, "save_steps must be a non-negative"),
+        ({"repeat_passage_probability": 1.5}, "repeat_passage_probability must be in"),
+        ({"repeat_passage_probability": 0.5, "packing": True}, "repeat_passage_probability applies to plain windows"),
     ],
 )
 def test_bad_values(values, message):

@@ -19,7 +19,7 @@ import torch
 
 from .stateful import IGNORE_INDEX
 
-__all__ = ["WindowBatches", "count_targets"]
+__all__ = ["WindowBatches", "count_targets", "repeat_passages"]
 
 
 def count_targets(inputs: dict[str, Any]) -> torch.Tensor:
@@ -37,11 +37,32 @@ def window_inputs(batch: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, to
     return {"input_ids": ids, "position_ids": positions, "labels": ids.masked_fill(positions == 0, IGNORE_INDEX)}
 
 
-class WindowBatches:
-    """Windows from ``loader`` (its sampler set to each epoch), from ``(epoch, position)`` on."""
+def repeat_passages(ids: torch.Tensor, probability: float, generator: torch.Generator) -> torch.Tensor:
+    """Copying practice: each row of ``ids`` (B, L), with ``probability``, ends by repeating a passage of its own.
 
-    def __init__(self, loader, sampler):
+    A chosen row keeps its first L − L/4 tokens and then repeats the L/4 tokens that start at a uniform
+    position among them, as a text that quotes or rewrites itself does; the loss on the repeat rewards copying
+    (the skill prompt-lookup and assisted decoding profit from). Other rows are unchanged. Returns a new tensor.
+    """
+    rows, length = ids.shape
+    span = length // 4
+    chosen = torch.rand(rows, generator=generator) < probability
+    starts = torch.randint(0, length - 2 * span + 1, (rows,), generator=generator)
+    out = ids.clone()
+    for row in chosen.nonzero().flatten().tolist():
+        start = int(starts[row])
+        out[row, length - span :] = ids[row, start : start + span]
+    return out
+
+
+class WindowBatches:
+    """Windows from ``loader`` (its sampler set to each epoch), from ``(epoch, position)`` on; with
+    ``repeat_probability``, plain windows go through :func:`repeat_passages`, drawn from a generator seeded by
+    ``(seed, epoch, position)`` so a resumed run draws what the uninterrupted one did."""
+
+    def __init__(self, loader, sampler, repeat_probability: float = 0.0, seed: int = 0):
         self.loader, self.sampler = loader, sampler
+        self.repeat_probability, self.seed = repeat_probability, seed
         self.epoch = self.position = 0
         self._batches: Iterator | None = None
 
@@ -62,6 +83,9 @@ class WindowBatches:
         if self._batches is None:
             self._batches = self._iterate()
         self.epoch, self.position, batch = next(self._batches)
+        if self.repeat_probability and isinstance(batch, torch.Tensor):
+            generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + self.position)
+            batch = repeat_passages(batch.cpu(), self.repeat_probability, generator).to(batch.device)
         return window_inputs(batch)
 
     def truncate(self) -> None:

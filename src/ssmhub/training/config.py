@@ -41,6 +41,8 @@ class TrainConfig:
     # long documents (issue 26): at most one of the two; validation always scores independent windows
     packing: bool = False  # documents back to back, no padding, position_ids restarting at each (no state crosses)
     stateful: bool = False  # each batch row reads one document after another, its state carried window to window
+    # copying practice: this fraction of plain windows ends by repeating a passage of its own (batches.repeat_passages)
+    repeat_passage_probability: float = 0.0
     # tokenizer: a folder / tokenizer.json, or a byte-level BPE of vocab_size trained on the train split
     tokenizer: str | None = None
     vocab_size: int = 4096
@@ -119,6 +121,13 @@ class TrainConfig:
             raise ValueError(
                 "packing and stateful exclude each other: --stateful already packs each row's documents back to "
                 "back (and carries the state between windows); pass one of them"
+            )
+        if not 0 <= self.repeat_passage_probability <= 1:
+            raise ValueError(f"repeat_passage_probability must be in [0, 1]; got {self.repeat_passage_probability!r}")
+        if self.repeat_passage_probability and (self.packing or self.stateful):
+            raise ValueError(
+                "repeat_passage_probability applies to plain windows: a packed or stateful row holds whole documents "
+                "in order, so it has no passage to repeat without breaking them; drop --packing / --stateful or it"
             )
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
