@@ -29,16 +29,20 @@ and the Hankel singular values of the trained kernels (table and ``<name>_hsv.pn
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
 import time
 
 import torch
+from transformers import AutoTokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, write_report
 from _scoring import score_stream
+
+SYNTHETIC_CONFIGS = ["hankel:16", "hankel:64", "best:16", "best:64", "best:255:0.05"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,11 +52,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--configs",
         nargs="+",
-        default=["hankel:16", "hankel:64", "best:16", "best:64", "best:255:0.05"],
-        help="synthetic: method:N[:tolerance] distillations to score",
+        default=None,
+        help="method:N[:tolerance] distillations to score (synthetic default: hankel:16 hankel:64 best:16 best:64 "
+        "best:255:0.05; language model default: --method:N for each --modes)",
     )
     p.add_argument("--eval-examples", type=int, default=None, help="synthetic: held-out examples (default: the run's)")
     p.add_argument("--method", default="best", help="fit method of the language-model section")
+    p.add_argument(
+        "--truncate-taps",
+        type=int,
+        nargs="*",
+        default=[64],
+        help="language model: control rows with every kernel cut to its first T taps (none: no control)",
+    )
     p.add_argument("--modes", type=int, nargs="+", default=[8, 16, 32, 64], help="N values to distill to")
     p.add_argument("--dataset", default="wikitext-2")
     p.add_argument("--split", default="validation")
@@ -79,54 +91,70 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer
-
-    import ssmhub
-
     if args.synthetic:
         return synthetic_main(args)
     if not args.model:
         raise SystemExit("give --model (a language model folder) or --synthetic (a synthetic run checkpoint)")
+    return language_model_main(args)
+
+
+def language_model_main(args) -> int:
+    """The language-model section: perplexity of the exact model, of a kernel-truncation control, and of
+    every distillation in ``--configs``, each saved and reloaded before it is scored."""
+    import ssmhub
+
     script_start = time.perf_counter()
     base = ssmhub.H3ForCausalLM.from_pretrained(args.model)
     if base.config.decode_num_modes is not None:
         raise SystemExit(f"{args.model} is already distilled (decode_num_modes={base.config.decode_num_modes})")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
     exact, exact_s = score(args.model, args)
     exact_ppl = exact["token_perplexity"]
     print(f"exact: token ppl {exact_ppl:.4f}, top-1 {exact['top1_accuracy']:.4f} ({exact_s:.0f} s)", flush=True)
-    rows = [["exact", "-", "-", "-", f"{exact_ppl:.4f}", "-", f"{100 * exact['top1_accuracy']:.2f}", "-"]]
-    results = {}
+    exact_bytes = sum(_exact_state_bytes(m) for m in _long_conv_mixers(base))
+    rows = [["exact", "-", "-", "-", f"{exact_bytes:,}", "-", f"{exact_ppl:.4f}", "-", _top1(exact), "-"]]
+
+    def add_row(label, config, folder, errors="-", exact_heads="-", state="-", fit_s="-"):
+        result, _ = score(folder, args)
+        ppl = result["token_perplexity"]
+        change = 100 * (ppl / exact_ppl - 1)
+        within = "yes" if abs(change) <= 1 else "no"
+        rows.append(
+            [label, config, errors, exact_heads, state, fit_s, f"{ppl:.4f}", f"{change:+.3f}%", _top1(result), within]
+        )
+        print("  " + " | ".join(str(c) for c in rows[-1]), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="h3_distillation.") as workdir:
-        for modes in args.modes:
+        for taps in args.truncate_taps:
+            folder = os.path.join(workdir, f"taps{taps}")
+            truncated_copy(args.model, taps, folder)
+            add_row("kernels cut to their first taps (control)", f"{taps} taps", folder)
+        for spec in _lm_configs(args):
+            method, modes, tolerance = _parse_config(spec)
             model = ssmhub.H3ForCausalLM.from_pretrained(args.model)
             start = time.perf_counter()
-            errors = torch.cat([r.errors for r in model.distill_for_decoding(modes, method=args.method).values()])
+            reports = model.distill_for_decoding(modes, tolerance, method)
             fit_s = time.perf_counter() - start
-            folder = os.path.join(workdir, f"n{modes}")
+            errors = torch.cat([r.errors for r in reports.values()])
+            heads = sum(m.num_heads for m in _long_conv_mixers(model))
+            folder = os.path.join(workdir, spec.replace(":", "_"))
             model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-            result, _ = score(folder, args)
-            ppl = result["token_perplexity"]
-            change = 100 * (ppl / exact_ppl - 1)
-            results[modes] = change
-            row = [
+            AutoTokenizer.from_pretrained(args.model).save_pretrained(folder)
+            add_row(
                 "distilled",
-                modes,
-                f"{errors.mean():.4f} / {errors.median():.4f} / {errors.max():.4f}",
-                f"{fit_s:.1f}",
-                f"{ppl:.4f}",
-                f"{change:+.3f}%",
-                f"{100 * result['top1_accuracy']:.2f}",
-                "yes" if abs(change) <= 1 else "no",
-            ]
-            rows.append(row)
-            print("  " + " | ".join(str(c) for c in row), flush=True)
+                spec,
+                folder,
+                errors=f"{errors.mean():.4f} / {errors.median():.4f} / {errors.max():.4f}",
+                exact_heads=f"{sum(len(r.exact_heads) for r in reports.values())} / {heads}",
+                state=f"{_state_bytes(reports):,}",
+                fit_s=f"{fit_s:.1f}",
+            )
 
     headers = [
         "model",
-        "N (modes per channel)",
+        "distillation (method:N[:tolerance])",
         "kernel rel. L2 error (mean / median / max)",
+        "heads left exact",
+        "long-conv decode state (bytes / sequence)",
         "fit s",
         "token ppl",
         "ppl change",
@@ -141,7 +169,12 @@ def main(argv=None) -> int:
         f"- Scored with ssmhub-eval's code on {args.dataset} {args.split} as one stream: windows of "
         f"{args.max_length} tokens, stride {args.stride} (every scored token but the first window's sees at least "
         f"{args.max_length - args.stride} tokens of context), {exact['num_tokens']:,} tokens scored.",
-        "- Distilled models are saved and reloaded (`save_pretrained` / `from_pretrained`) before scoring.",
+        "- Control: every long-convolution kernel cut to its first taps (the exact regularized taps, zero beyond), "
+        "saved as a model with that L_max; if it costs perplexity, the kernels' far taps matter and the "
+        "distillation has something to lose.",
+        "- Distilled models are saved and reloaded (`save_pretrained` / `from_pretrained`) before scoring; error "
+        "column: the kernels the model now computes with (0 for heads left exact); decode state: the long "
+        "convolutions' only (complex64 modes, float32 windows of L_max − 1 inputs for exact heads).",
         f"- Whole script wall time: {time.perf_counter() - script_start:.0f} s; torch threads "
         f"{torch.get_num_threads()}.",
     ]
@@ -158,6 +191,59 @@ def main(argv=None) -> int:
         )
         print(f"\nwrote {path}")
     return 0
+
+
+def _lm_configs(args) -> list[str]:
+    """The language-model section's distillations: ``--configs`` when given, else ``--method:N`` per ``--modes``."""
+    return args.configs or [f"{args.method}:{n}" for n in args.modes]
+
+
+def _parse_config(spec: str) -> tuple[str, int, float | None]:
+    method, modes, *tolerance = spec.split(":")
+    return method, int(modes), float(tolerance[0]) if tolerance else None
+
+
+def _top1(result: dict) -> str:
+    return f"{100 * result['top1_accuracy']:.2f}"
+
+
+def _long_conv_mixers(model) -> list:
+    return [m for m in model.modules() if type(m).__name__ == "H3Mixer"]
+
+
+def _exact_state_bytes(mixer) -> int:
+    """An undistilled H3 layer's long-convolution decode state per sequence: L_max − 1 float32 inputs per channel."""
+    return 4 * mixer.head_dim**2 * mixer.num_heads * (mixer.max_kernel_length - 1)
+
+
+def truncated_copy(folder: str, taps: int, out: str) -> None:
+    """Save ``folder``'s H3 with every long-convolution kernel cut to its first ``taps`` regularized taps.
+
+    The copy has L_max = ``taps`` and no kernel regularizer, and its raw kernels are the original's regularized
+    taps, so it computes with exactly the original's kernels up to ``taps`` and zero beyond. Checked: on an
+    input no longer than ``taps`` the two models' logits agree.
+    """
+    import ssmhub
+    from ssmhub.layers.longconv import LongConvKernel
+
+    model = ssmhub.H3ForCausalLM.from_pretrained(folder).eval()
+    if taps >= model.config.max_kernel_length:
+        raise SystemExit(f"--truncate-taps {taps} must be below the model's L_max {model.config.max_kernel_length}")
+    with torch.no_grad():
+        kernels = {
+            n + ".ssm.kernel": m.full_kernel()[:, :taps].clone()
+            for n, m in model.named_modules()
+            if isinstance(m, LongConvKernel) and m.max_kernel_length == model.config.max_kernel_length
+        }
+        config = copy.deepcopy(model.config)
+        config.max_kernel_length, config.kernel_regularization_order = taps, []
+        cut = ssmhub.H3ForCausalLM(config).eval()
+        state = model.state_dict() | kernels
+        cut.load_state_dict(state)
+        probe = torch.randint(0, config.vocab_size, (1, taps))
+        torch.testing.assert_close(cut(probe).logits, model(probe).logits, rtol=1e-4, atol=1e-4)
+    cut.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(out)
 
 
 def _state_bytes(reports) -> int:
@@ -194,8 +280,6 @@ def hsv_summary(model, plot_path: str | None) -> str:
 
 def synthetic_main(args) -> int:
     """The synthetic section: exact vs distilled R² (token tasks: accuracy) of a trained ssmhub-synthetic H3."""
-    import copy
-
     from ssmhub.data.synthetic import fixed_eval_set
     from ssmhub.training.synthetic import SyntheticRunConfig, _build_model, evaluate, validate_run
 
@@ -210,15 +294,14 @@ def synthetic_main(args) -> int:
     metric, label = ("r2", "R²") if task.kind == "regression" else ("accuracy", "accuracy")
     exact_r2 = evaluate(base, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))[metric]
     mixers = {n: m for n, m in base.backbone.named_modules() if type(m).__name__ == "H3Mixer"}
-    exact_bytes = sum(4 * m.head_dim**2 * m.num_heads * (m.max_kernel_length - 1) for m in mixers.values())
+    exact_bytes = sum(_exact_state_bytes(m) for m in mixers.values())
     print(f"exact {label} {exact_r2:.4f}; exact long-conv state {exact_bytes} bytes per sequence", flush=True)
     rows = [["exact", "-", "-", "-", "-", f"{exact_bytes:,}", "-", f"{exact_r2:.4f}", "-"]]
-    for spec in args.configs:
-        method, modes, *tol = spec.split(":")
-        tolerance = float(tol[0]) if tol else None
+    for spec in args.configs or SYNTHETIC_CONFIGS:
+        method, modes, tolerance = _parse_config(spec)
         model = copy.deepcopy(base)
         begin = time.perf_counter()
-        reports = model.backbone.distill_for_decoding(int(modes), tolerance, method)
+        reports = model.backbone.distill_for_decoding(modes, tolerance, method)
         fit_s = time.perf_counter() - begin
         errors = torch.cat([r.fit_errors if tolerance is None else r.errors for r in reports.values()])
         exact_heads = sum(len(r.exact_heads) for r in reports.values())

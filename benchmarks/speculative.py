@@ -56,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lookup", type=int, nargs="+", default=[3, 10], help="prompt_lookup_num_tokens values")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--name", default=SCRIPT_NAME, help="results/<name>.md")
     p.add_argument("--no-write", action="store_true")
     return p.parse_args(argv)
 
@@ -81,12 +82,15 @@ def train_draft(args, model_folder: Path, draft_folder: Path) -> None:
     run = json.loads((model_folder / "train_config.json").read_text())
     model_config = dict(run["model_config"])
     model_config["n_layer" if run["model_type"] == "gpt2" else "num_hidden_layers"] = 2
+    if model_config.get("attention_layers"):  # a hybrid's draft keeps one attention layer, its last
+        model_config["attention_layers"] = [1]
     options = {
         "dataset": run["dataset"], "data_dir": args.data_dir, "tokenizer": str(model_folder),
         "model_type": run["model_type"], "model_config": json.dumps(model_config), "seq_len": run["seq_len"],
         "per_device_train_batch_size": run["per_device_train_batch_size"], "learning_rate": run["learning_rate"],
         "max_steps": args.draft_steps, "warmup_steps": max(1, args.draft_steps // 10), "eval_steps": 0,
         "save_steps": 0, "logging_steps": 50, "output_dir": str(draft_folder),
+        "repeat_passage_probability": run.get("repeat_passage_probability", 0.0),
     }  # fmt: skip
     command = [sys.executable, "-m", "ssmhub.training.cli", "--cpu", "--overwrite_output_dir"]
     for name, value in options.items():
@@ -226,7 +230,7 @@ def main(argv=None) -> None:
     ]
     print("\n\n".join(sections))
     if not args.no_write:
-        write_report(SCRIPT_NAME, "Speculative decoding: prompt lookup and assisted vs greedy", sections)
+        write_report(args.name, "Speculative decoding: prompt lookup and assisted vs greedy", sections)
 
 
 if __name__ == "__main__":
