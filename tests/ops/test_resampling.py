@@ -20,7 +20,7 @@ from ssmhub.ops import (
     resampling_step,
     resampling_times,
 )
-from ssmhub.ops.resampling import _lattice
+from ssmhub.ops.resampling import _lattice, select_rows
 
 # ----------------------------------------------------------------------------------------------------------
 # inputs
@@ -425,6 +425,18 @@ def test_distance_feature_gradients_match_the_chain_rule_by_loop(windows, refere
         scale = v.abs().max().item()
         assert scale > 0, name
         torch.testing.assert_close(u, v, rtol=1e-9, atol=1e-9 * scale, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_select_rows_is_gather_of_whole_rows_forward_and_backward():
+    x = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    index = torch.randint(0, 7, (3, 11))  # repeated rows: their gradients add up
+    weight = torch.randn(3, 11, 5, dtype=torch.float64)
+    got = select_rows(x, index)
+    expected = x.gather(1, index[..., None].expand(-1, -1, 5))
+    assert torch.equal(got, expected)
+    (g_got,) = torch.autograd.grad((got * weight).sum(), x)
+    (g_expected,) = torch.autograd.grad((expected * weight).sum(), x)
+    torch.testing.assert_close(g_got, g_expected, rtol=1e-12, atol=1e-12)
 
 
 def test_gather_windows_matches_loop():

@@ -426,8 +426,19 @@ def gather_windows(x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) ->
     # invalid slots read an appended row of zeros: no mask over the K-times larger windows, forward or backward
     padded = torch.cat([x, x.new_zeros(batch, 1, hidden)], dim=1)  # (B, L + 1, H)
     index = torch.where(valid, index, x.shape[1])  # (B, Lg, K)
-    flat = index.reshape(batch, -1, 1).expand(-1, -1, hidden)  # (B, Lg·K, H)
-    return padded.gather(1, flat).view(*index.shape, hidden)  # (B, Lg, K, H)
+    return select_rows(padded, index.reshape(batch, -1)).view(*index.shape, hidden)  # (B, Lg, K, H)
+
+
+def select_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``out[b, i] = x[b, index[b, i]]``: x (B, L, H), index (B, M) int64 → (B, M, H).
+
+    What ``x.gather(1, index[..., None].expand(-1, -1, H))`` computes, as one ``index_select`` over the
+    flattened (B·L, H) rows: no (B, M, H) int64 index is built, and the backward is an ``index_add`` over rows
+    instead of a ``scatter_add`` over elements (several times faster on the CPU).
+    """
+    batch, length, hidden = x.shape
+    flat = (index + torch.arange(batch, device=index.device)[:, None] * length).reshape(-1)  # (B·M,)
+    return x.reshape(batch * length, hidden).index_select(0, flat).view(batch, -1, hidden)
 
 
 def _check_expand(y_grid: torch.Tensor, t: torch.Tensor) -> None:
@@ -443,7 +454,7 @@ def _gather_grid(y_grid: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     batch, num_grid, hidden = y_grid.shape
     if num_grid == 0:
         return y_grid.new_zeros(batch, k.shape[1], hidden)
-    out = y_grid.gather(1, (k - 1).clamp(min=0)[..., None].expand(-1, -1, hidden))  # (B, L, H)
+    out = select_rows(y_grid, (k - 1).clamp(min=0))  # (B, L, H)
     return torch.where((k > 0)[..., None], out, 0.0)
 
 
