@@ -337,7 +337,10 @@ def synthetic_main(args) -> int:
     notes = "\n".join(
         [
             f"- Model: `ssmhub-synthetic` H3 on {run.task} (L {run.seq_len}), {run.num_layers} layers, width "
-            f"{run.hidden_size}, {run.max_steps} steps, lr {run.lr or 1e-3}, seed {run.seed}; "
+            f"{run.hidden_size}, {run.max_steps} steps × {run.batch_size}, lr {run.lr or 1e-3} ({run.lr_schedule}), "
+            f"matmul precision {run.matmul_precision}, seed {run.seed}"
+            + (f", vocab {run.vocab_size}, {run.num_kv_pairs} pairs" if run.task == "mqar" else "")
+            + "; "
             + (
                 f"R² is the mean batch R² over {examples} held-out examples"
                 if metric == "r2"
