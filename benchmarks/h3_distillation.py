@@ -110,7 +110,7 @@ def language_model_main(args) -> int:
     exact, exact_s = score(args.model, args)
     exact_ppl = exact["token_perplexity"]
     print(f"exact: token ppl {exact_ppl:.4f}, top-1 {exact['top1_accuracy']:.4f} ({exact_s:.0f} s)", flush=True)
-    exact_bytes = sum(_exact_state_bytes(m) for m in _long_conv_mixers(base))
+    exact_bytes = sum(m.kv_state_bytes() for m in _long_conv_mixers(base))
     rows = [["exact", "-", "-", "-", f"{exact_bytes:,}", "-", f"{exact_ppl:.4f}", "-", _top1(exact), "-"]]
 
     def add_row(label, config, folder, errors="-", exact_heads="-", state="-", fit_s="-"):
@@ -211,11 +211,6 @@ def _long_conv_mixers(model) -> list:
     return [m for m in model.modules() if type(m).__name__ == "H3Mixer"]
 
 
-def _exact_state_bytes(mixer) -> int:
-    """An undistilled H3 layer's long-convolution decode state per sequence: L_max − 1 float32 inputs per channel."""
-    return 4 * mixer.head_dim**2 * mixer.num_heads * (mixer.max_kernel_length - 1)
-
-
 def truncated_copy(folder: str, taps: int, out: str) -> None:
     """Save ``folder``'s H3 with every long-convolution kernel cut to its first ``taps`` regularized taps.
 
@@ -293,8 +288,8 @@ def synthetic_main(args) -> int:
     base.load_state_dict(payload["model"])
     metric, label = ("r2", "R²") if task.kind == "regression" else ("accuracy", "accuracy")
     exact_r2 = evaluate(base, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))[metric]
-    mixers = {n: m for n, m in base.backbone.named_modules() if type(m).__name__ == "H3Mixer"}
-    exact_bytes = sum(_exact_state_bytes(m) for m in mixers.values())
+    mixers = _long_conv_mixers(base.backbone)
+    exact_bytes = sum(m.kv_state_bytes() for m in mixers)
     print(f"exact {label} {exact_r2:.4f}; exact long-conv state {exact_bytes} bytes per sequence", flush=True)
     rows = [["exact", "-", "-", "-", "-", f"{exact_bytes:,}", "-", f"{exact_r2:.4f}", "-"]]
     for spec in args.configs or SYNTHETIC_CONFIGS:
@@ -312,7 +307,7 @@ def synthetic_main(args) -> int:
             modes,
             "-" if tolerance is None else tolerance,
             f"{errors.mean():.4f} / {errors.max():.4f}",
-            f"{exact_heads} / {sum(m.num_heads for m in mixers.values())}",
+            f"{exact_heads} / {sum(m.num_heads for m in mixers)}",
             f"{_state_bytes(reports):,}",
             "-" if not orders.numel() else f"{orders.mean():.1f}",
             f"{r2:.4f}",

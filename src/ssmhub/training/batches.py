@@ -48,10 +48,9 @@ def repeat_passages(ids: torch.Tensor, probability: float, generator: torch.Gene
     span = length // 4
     chosen = torch.rand(rows, generator=generator) < probability
     starts = torch.randint(0, length - 2 * span + 1, (rows,), generator=generator)
+    passages = ids.gather(1, starts[:, None] + torch.arange(span))  # (B, span): each row's drawn passage
     out = ids.clone()
-    for row in chosen.nonzero().flatten().tolist():
-        start = int(starts[row])
-        out[row, length - span :] = ids[row, start : start + span]
+    out[chosen, length - span :] = passages[chosen]
     return out
 
 

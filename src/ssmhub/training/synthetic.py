@@ -55,9 +55,9 @@ from .synthetic_models import (
 
 __all__ = ["RESUMABLE_CHANGES", "SyntheticRunConfig", "default_learning_rate", "main", "run_synthetic", "validate_run"]
 
+LR_SCHEDULES = ("constant", "cosine")
 # Settings that may differ between a run and the run that resumes its checkpoint: the budget, where and
 # how often it is saved, logging, and the device.
-LR_SCHEDULES = ("constant", "cosine")
 RESUMABLE_CHANGES = ("max_steps", "checkpoint", "checkpoint_every", "log_every", "device")
 
 
