@@ -54,6 +54,7 @@ def test_unknown_flag_names_it():
         ({"save_steps": -1}, "save_steps must be a non-negative"),
         ({"repeat_passage_probability": 1.5}, "repeat_passage_probability must be in"),
         ({"repeat_passage_probability": 0.5, "packing": True}, "repeat_passage_probability applies to plain windows"),
+        ({"shuffle_repeated_passages": True}, "shuffle_repeated_passages needs repeat_passage_probability"),
     ],
 )
 def test_bad_values(values, message):

@@ -27,3 +27,27 @@ def test_the_probability_chooses_rows_and_the_generator_fixes_the_choice():
     assert torch.equal(once, again)
     changed = (once != ids).any(1).float().mean()
     assert 0.2 < changed < 0.4
+
+
+def test_a_shuffled_passage_is_reordered_in_place_and_repeated_in_that_order():
+    ids = torch.arange(64 * 32).reshape(64, 32)
+    out = repeat_passages(ids, 1.0, torch.Generator().manual_seed(0), shuffle=True)
+    span = 32 // 4
+    reordered = 0
+    for row in range(64):
+        changed = (out[row, :-span] != ids[row, :-span]).nonzero().flatten()
+        start = int(out[row, -span:].min()) - int(ids[row, 0])  # the passage's first position
+        assert 0 <= start <= 32 - 2 * span
+        assert set(changed.tolist()) <= set(range(start, start + span))  # only the passage moved
+        assert torch.equal(out[row, start : start + span], out[row, -span:])  # the repeat copies it as placed
+        assert torch.equal(out[row, -span:].sort().values, ids[row, start : start + span])  # same tokens
+        reordered += len(changed) > 0
+    assert reordered > 60  # the order is drawn (8! orders: almost never the original)
+
+
+def test_without_shuffling_the_draws_are_unchanged():
+    ids = torch.arange(50 * 24).reshape(50, 24)
+    plain = repeat_passages(ids, 0.5, torch.Generator().manual_seed(3))
+    assert torch.equal(plain, repeat_passages(ids, 0.5, torch.Generator().manual_seed(3), shuffle=False))
+    shuffled = repeat_passages(ids, 0.5, torch.Generator().manual_seed(3), shuffle=True)
+    assert torch.equal((plain != ids).any(1), (shuffled != ids).any(1))  # the same rows chosen

@@ -69,13 +69,17 @@ def crash_after(step_to_crash):
     return hook
 
 
-@pytest.mark.parametrize(("save_steps", "crash_step", "repeats"), [(4, 10, 0.0), (5, 12, 0.0), (4, 10, 0.5)])
-def test_resume_after_a_crash_gives_the_same_losses(tiny_data_dir, tmp_path, save_steps, crash_step, repeats):
+@pytest.mark.parametrize(
+    ("save_steps", "crash_step", "repeats", "shuffle"),
+    [(4, 10, 0.0, False), (5, 12, 0.0, False), (4, 10, 0.5, False), (4, 10, 0.5, True)],
+)
+def test_resume_after_a_crash_gives_the_same_losses(tiny_data_dir, tmp_path, save_steps, crash_step, repeats, shuffle):
     # 320 train windows in batches of 32: an epoch is 10 steps. Resuming from step 8 crosses into the
     # second epoch; resuming from step 10 starts exactly at its beginning. With copying practice (repeats) the
     # resumed run draws the repeated passages the uninterrupted one drew.
     options = {"max_steps": 14, "per_device_train_batch_size": 32, "save_steps": save_steps, "eval_steps": 4}
     options["repeat_passage_probability"] = repeats
+    options["shuffle_repeated_passages"] = shuffle
     main(tiny_args(tiny_data_dir, tmp_path / "full", **options))
     epochs = {r["step"]: r["epoch"] for r in MetricsLogger.read(tmp_path / "full") if r["split"] == "train"}
     assert epochs[10] == 0 and epochs[11] == 1

@@ -37,31 +37,41 @@ def window_inputs(batch: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, to
     return {"input_ids": ids, "position_ids": positions, "labels": ids.masked_fill(positions == 0, IGNORE_INDEX)}
 
 
-def repeat_passages(ids: torch.Tensor, probability: float, generator: torch.Generator) -> torch.Tensor:
+def repeat_passages(
+    ids: torch.Tensor, probability: float, generator: torch.Generator, shuffle: bool = False
+) -> torch.Tensor:
     """Copying practice: each row of ``ids`` (B, L), with ``probability``, ends by repeating a passage of its own.
 
     A chosen row keeps its first L − L/4 tokens and then repeats the L/4 tokens that start at a uniform
     position among them, as a text that quotes or rewrites itself does; the loss on the repeat rewards copying
-    (the skill prompt-lookup and assisted decoding profit from). Other rows are unchanged. Returns a new tensor.
+    (the skill prompt-lookup and assisted decoding profit from). With ``shuffle`` the passage's tokens are put
+    in a random order, in its place and in the repeat alike: neither can then be recalled from memorized
+    training text, so only copying predicts the repeat (the repeated random sequences on which induction heads
+    form, Olsson et al. 2022, arXiv:2209.11895, made of the window's own tokens). Other rows are unchanged.
+    Returns a new tensor.
     """
     rows, length = ids.shape
     span = length // 4
     chosen = torch.rand(rows, generator=generator) < probability
     starts = torch.randint(0, length - 2 * span + 1, (rows,), generator=generator)
-    passages = ids.gather(1, starts[:, None] + torch.arange(span))  # (B, span): each row's drawn passage
+    places = starts[:, None] + torch.arange(span)  # (B, span): where each row's drawn passage lies
+    order = torch.rand(rows, span, generator=generator).argsort(dim=1) if shuffle else torch.arange(span)
+    passages = ids.gather(1, places.gather(1, order.expand(rows, span)))  # (B, span), in the drawn order
     out = ids.clone()
+    picked = chosen.nonzero()  # (n, 1): the chosen rows
+    out[picked, places[chosen]] = passages[chosen]  # the passage in its place (unchanged unless shuffled)
     out[chosen, length - span :] = passages[chosen]
     return out
 
 
 class WindowBatches:
     """Windows from ``loader`` (its sampler set to each epoch), from ``(epoch, position)`` on; with
-    ``repeat_probability``, plain windows go through :func:`repeat_passages`, drawn from a generator seeded by
-    ``(seed, epoch, position)`` so a resumed run draws what the uninterrupted one did."""
+    ``repeat_probability``, plain windows go through :func:`repeat_passages` (with ``shuffle``), drawn from a
+    generator seeded by ``(seed, epoch, position)`` so a resumed run draws what the uninterrupted one did."""
 
-    def __init__(self, loader, sampler, repeat_probability: float = 0.0, seed: int = 0):
+    def __init__(self, loader, sampler, repeat_probability: float = 0.0, seed: int = 0, shuffle: bool = False):
         self.loader, self.sampler = loader, sampler
-        self.repeat_probability, self.seed = repeat_probability, seed
+        self.repeat_probability, self.seed, self.shuffle = repeat_probability, seed, shuffle
         self.epoch = self.position = 0
         self._batches: Iterator | None = None
 
@@ -84,7 +94,7 @@ class WindowBatches:
         self.epoch, self.position, batch = next(self._batches)
         if self.repeat_probability and isinstance(batch, torch.Tensor):
             generator = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 1_000_003 + self.position)
-            batch = repeat_passages(batch.cpu(), self.repeat_probability, generator).to(batch.device)
+            batch = repeat_passages(batch.cpu(), self.repeat_probability, generator, self.shuffle).to(batch.device)
         return window_inputs(batch)
 
     def truncate(self) -> None:

@@ -43,6 +43,7 @@ class TrainConfig:
     stateful: bool = False  # each batch row reads one document after another, its state carried window to window
     # copying practice: this fraction of plain windows ends by repeating a passage of its own (batches.repeat_passages)
     repeat_passage_probability: float = 0.0
+    shuffle_repeated_passages: bool = False  # the passage's tokens in a random order: nothing to recall, only to copy
     # tokenizer: a folder / tokenizer.json, or a byte-level BPE of vocab_size trained on the train split
     tokenizer: str | None = None
     vocab_size: int = 4096
@@ -129,6 +130,8 @@ class TrainConfig:
                 "repeat_passage_probability applies to plain windows: a packed or stateful row holds whole documents "
                 "in order, so it has no passage to repeat without breaking them; drop --packing / --stateful or it"
             )
+        if self.shuffle_repeated_passages and not self.repeat_passage_probability:
+            raise ValueError("shuffle_repeated_passages needs repeat_passage_probability > 0 (no passage is repeated)")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
         if not 0 <= self.min_lr_ratio <= 1:

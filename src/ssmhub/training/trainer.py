@@ -193,6 +193,7 @@ _RESUME_MUST_MATCH = (
     "packing",
     "stateful",
     "repeat_passage_probability",
+    "shuffle_repeated_passages",
 )
 
 
@@ -338,7 +339,8 @@ def _window_batches(config: TrainConfig, accelerator, train_windows, model, opti
             f"{len(train_windows)} train windows are too few for a global batch of "
             f"{config.per_device_train_batch_size} x {accelerator.num_processes} processes"
         )
-    return model, optimizer, WindowBatches(loader, sampler, config.repeat_passage_probability, config.seed)
+    repeats = (config.repeat_passage_probability, config.seed, config.shuffle_repeated_passages)
+    return model, optimizer, WindowBatches(loader, sampler, *repeats)
 
 
 def _stateful_batches(config: TrainConfig, accelerator, stream, model):
