@@ -465,3 +465,22 @@ def test_kept_stacked_weights_follow_an_in_place_weight_change():
         stepped, _ = mixer(x[:, 5:], state=state)
         whole, _ = mixer(x)
     torch.testing.assert_close(stepped[:, 0], whole[:, 5], rtol=1e-5, atol=1e-6)
+
+
+def test_kept_stacked_weights_follow_a_replaced_parameter_and_submodule():
+    """A weight set anew (a new Parameter, or a new submodule holding it) makes the stack again too."""
+    mixer = make_mixer()
+    x = torch.randn(2, 6, mixer.hidden_size)
+    with torch.no_grad():
+        _, state = mixer(x[:, :5], return_state=True)
+        mixer(x[:, 5:], state=state)  # a step: the stacked weights are kept
+        branch = mixer.resampled[0]
+        branch.compress.weight = torch.nn.Parameter(branch.compress.weight * 1.5)
+        out_proj = torch.nn.Linear(branch.mamba.out_proj.in_features, branch.mamba.out_proj.out_features)
+        out_proj.weight.copy_(branch.mamba.out_proj.weight + 0.1)
+        out_proj.bias = branch.mamba.out_proj.bias
+        branch.mamba.out_proj = out_proj
+        _, state = mixer(x[:, :5], return_state=True)
+        stepped, _ = mixer(x[:, 5:], state=state)
+        whole, _ = mixer(x)
+    torch.testing.assert_close(stepped[:, 0], whole[:, 5], rtol=1e-5, atol=1e-6)

@@ -23,12 +23,13 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
 def float32_math(fn):
-    """Decorator: run ``fn`` with autocast disabled on the device of its first tensor argument."""
+    """Decorator: run ``fn`` with autocast disabled on the device of its first tensor argument (a call outside
+    autocast runs ``fn`` directly: entering the context costs more than a small decode-step op)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         tensor = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        if tensor is None:
+        if tensor is None or not torch.is_autocast_enabled(tensor.device.type):
             return fn(*args, **kwargs)
         with torch.autocast(device_type=tensor.device.type, enabled=False):
             return fn(*args, **kwargs)
