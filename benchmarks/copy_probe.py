@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ssmhub.data import iter_pg19_books
+from ssmhub.metrics import token_nll
 from ssmhub.tokenization import encode_document
 from ssmhub.training.batches import repeat_passages
 
@@ -59,7 +60,7 @@ def probe(model, ids: torch.Tensor, shuffle: bool) -> dict[str, float]:
     x = repeat_passages(ids, 1.0, torch.Generator().manual_seed(0), shuffle=shuffle)
     with torch.no_grad():
         logits = model(x).logits[:, :-1]  # (rows, L - 1): position t predicts token t + 1
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")  # (rows, L - 1)
+    nll = token_nll(logits, x[:, 1:])  # (rows, L - 1)
     hits = (logits.argmax(-1) == x[:, 1:]).float()
     start = length - length // 4  # the repeat's first token; its later ones are predictable by copying
     return {

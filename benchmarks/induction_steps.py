@@ -21,6 +21,9 @@ import time
 
 import torch
 
+import ssmhub
+from ssmhub.metrics import token_nll
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, write_report
 
@@ -39,8 +42,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def steps_to_induction(vocab: int, distance: int, args) -> tuple[int | None, float, float]:
     """(first step with repeat top-1 ≥ 0.9 or None, the repeat's loss at the last step, seconds)."""
-    import ssmhub
-
     torch.manual_seed(0)
     config = ssmhub.H3Config(
         vocab_size=vocab, hidden_size=args.hidden_size, num_hidden_layers=4, num_attention_heads=4,
@@ -55,7 +56,7 @@ def steps_to_induction(vocab: int, distance: int, args) -> tuple[int | None, flo
         r = torch.randint(0, vocab, (batch, distance), generator=generator)
         x = torch.cat([r, r], dim=1)  # (batch, 2n)
         logits = model(x).logits[:, :-1]  # position t predicts token t + 1
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")  # (batch, 2n-1)
+        nll = token_nll(logits, x[:, 1:])  # (batch, 2n - 1)
         optimizer.zero_grad()
         nll.mean().backward()
         optimizer.step()

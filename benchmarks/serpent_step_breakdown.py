@@ -14,6 +14,7 @@ step, one thread, median of rounds; the report ends with the arithmetic of the �
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import torch
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
     real_step = serpent.step_branches
     mamba, model = build(args, []).eval(), build(args, [0.5, 0.1]).eval()
     configs = {"Mamba": (mamba, real_step), "SeRpEnt": (model, real_step)}
-    configs.update({f"SeRpEnt, branches: {p}": (model, prefix_step(i)) for i, p in enumerate(PIECES)})
+    configs.update({f"SeRpEnt, branches: {piece}": (model, prefix_step(i)) for i, piece in enumerate(PIECES)})
     times = {name: [] for name in configs}
     for _ in range(args.rounds):
         for name, (m, step) in configs.items():
@@ -84,11 +85,9 @@ def main(argv=None) -> int:
             finally:
                 serpent.step_branches = real_step
     ms = {name: median(v) for name, v in times.items()}
-    rows, previous = [], None
-    for name in configs:
-        added = "" if previous is None or not name.startswith("SeRpEnt,") else f"{ms[name] - ms[previous]:+.2f}"
-        rows.append([name, f"{ms[name]:.2f}", f"{ms[name] / ms['Mamba']:.2f}×", added])
-        previous = name if name.startswith("SeRpEnt,") else previous
+    prefixes = [f"SeRpEnt, branches: {p}" for p in PIECES]
+    added = {later: f"{ms[later] - ms[earlier]:+.2f}" for earlier, later in itertools.pairwise(prefixes)}
+    rows = [[name, f"{ms[name]:.2f}", f"{ms[name] / ms['Mamba']:.2f}×", added.get(name, "")] for name in configs]
     table = markdown_table(["decode step", "ms/token", "÷ Mamba", "piece adds (ms/token)"], rows)
     budget = 1.5 * ms["Mamba"] - ms["SeRpEnt, branches: none"]
     branches = ms["SeRpEnt"] - ms["SeRpEnt, branches: none"]

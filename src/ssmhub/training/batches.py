@@ -55,11 +55,13 @@ def repeat_passages(
     chosen = torch.rand(rows, generator=generator) < probability
     starts = torch.randint(0, length - 2 * span + 1, (rows,), generator=generator)
     places = starts[:, None] + torch.arange(span)  # (B, span): where each row's drawn passage lies
-    order = torch.rand(rows, span, generator=generator).argsort(dim=1) if shuffle else torch.arange(span)
-    passages = ids.gather(1, places.gather(1, order.expand(rows, span)))  # (B, span), in the drawn order
+    read = places
+    if shuffle:  # the same places in a drawn order
+        read = places.gather(1, torch.rand(rows, span, generator=generator).argsort(dim=1))
+    passages = ids.gather(1, read)  # (B, span)
     out = ids.clone()
-    picked = chosen.nonzero()  # (n, 1): the chosen rows
-    out[picked, places[chosen]] = passages[chosen]  # the passage in its place (unchanged unless shuffled)
+    if shuffle:  # the reordered passage in its place too
+        out[chosen.nonzero(), places[chosen]] = passages[chosen]
     out[chosen, length - span :] = passages[chosen]
     return out
 
