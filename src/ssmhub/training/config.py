@@ -47,8 +47,9 @@ class TrainConfig:
     # tokenizer: a folder / tokenizer.json, or a byte-level BPE of vocab_size trained on the train split
     tokenizer: str | None = None
     vocab_size: int = 4096
-    # model
-    model_type: str = "dlr"
+    # model: a fresh one of model_type, or one saved before (a folder or Hub id) to continue training from
+    model_name_or_path: str | None = None  # its weights, config (model_config overrides it) and tokenizer
+    model_type: str | None = None  # default: dlr, or the type of model_name_or_path
     model_config: dict[str, Any] = field(default_factory=dict)  # size kwargs, e.g. {"hidden_size": 256}
     # optimization
     per_device_train_batch_size: int = 8
@@ -140,6 +141,8 @@ class TrainConfig:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}; got {self.mixed_precision!r}")
         if not isinstance(self.model_config, dict):
             raise ValueError(f"model_config must be a mapping of model config fields; got {self.model_config!r}")
+        if self.model_type is None and not self.model_name_or_path:
+            self.model_type = "dlr"
         if isinstance(self.report_to, str):
             self.report_to = [name for name in self.report_to.split(",") if name and name != "none"]
         if self.push_to_hub and not self.hub_model_id:

@@ -29,13 +29,13 @@ tags:
 - text-generation
 datasets:
 - {data}
----
+{base_model_metadata}---
 
 # {model_type} language model trained with ssmhub
 
 A `{model_type}` causal language model (ssmhub family `{model_type}`; {size})
-trained with `ssmhub-train` on **{data}** for **{steps}** optimizer steps (**{tokens_seen:,}** tokens seen,
-windows of {seq_len} tokens). Tokenizer: {tokenizer}.
+trained with `ssmhub-train`{continued_from} on **{data}** for **{steps}** optimizer steps
+(**{tokens_seen:,}** tokens seen, windows of {seq_len} tokens). Tokenizer: {tokenizer}.
 
 ## Results
 
@@ -93,13 +93,18 @@ def render_model_card(
     """The README.md of a trained model folder: family, config, data, steps, tokens, metrics and how to load it."""
     size_fields = [k for k in ("hidden_size", "num_hidden_layers", "state_size", "vocab_size") if k in model_config]
     data = train_config.get("dataset")
+    base_model = train_config.get("model_name_or_path")
     tokenizer = (
         train_config.get("tokenizer")
+        or (f"the one of `{base_model}`" if base_model else None)
         or f"byte-level BPE of {train_config.get('vocab_size')} tokens trained on the {data} train split"
     )
+    on_the_hub = base_model and not Path(base_model).exists()  # the Hub's base_model field takes repo ids only
     return _MODEL_CARD.format(
         model_type=model_type,
         data=data,
+        base_model_metadata=f"base_model: {base_model}\n" if on_the_hub else "",
+        continued_from=f" from `{base_model}`" if base_model else "",
         size=", ".join(f"{k}={model_config[k]}" for k in size_fields),
         steps=steps,
         tokens_seen=tokens_seen,

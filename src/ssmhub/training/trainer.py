@@ -18,8 +18,8 @@
   3. tokenizes both splits into fixed-length windows once, into an on-disk cache that later runs reuse
      (:func:`ssmhub.data.cached_token_windows`; windows are memory-mapped, PG-19 is read book by
      book and its windows never cross a book), builds the model from
-     ``AutoConfig.for_model(model_type, **model_config)``, AdamW over ``model.optimizer_param_groups``
-     (no weight decay on recurrence parameters) and a warmup + cosine schedule
+     ``AutoConfig.for_model(model_type, **model_config)`` (or loads ``model_name_or_path``), AdamW over
+     ``model.optimizer_param_groups`` (no weight decay on recurrence parameters) and a warmup + cosine schedule
      (:func:`_build_model_and_optimizer`); the data is read in an order fixed by ``seed`` and the epoch
      (:class:`EpochShuffleSampler`), so a resumed run and a run on N processes with 1/N of the
      per-device batch see the same global batches;
@@ -106,12 +106,30 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 def build_model_config(config: TrainConfig, tokenizer=None):
-    """The model config of ``model_type`` with ``model_config``; with a tokenizer, its vocabulary and special ids.
+    """The model config of ``model_type`` with ``model_config`` (or of ``model_name_or_path`` with ``model_config``
+    as overrides); with a tokenizer, its vocabulary and special ids.
 
     Raises ValueError for a model type without a causal LM, an unknown config key (the check every tool
     shares, :func:`ssmhub.preflight.check_model_config_keys`), a value the config rejects, a seq_len the
-    model cannot take, or a tokenizer larger than a forced ``vocab_size``.
+    model cannot take, or a tokenizer larger than a forced ``vocab_size`` (or than the saved model's).
     """
+    if config.model_name_or_path:
+        model_config = _saved_model_config(config)
+        if tokenizer is not None and model_config.vocab_size < len(tokenizer):
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but --model_name_or_path {config.model_name_or_path} "
+                f"has vocab_size={model_config.vocab_size}; pass the tokenizer that model was trained with"
+            )
+    else:
+        model_config = _new_model_config(config, tokenizer)
+    for name in _LENGTH_LIMIT_FIELDS:
+        limit = getattr(model_config, name, None)
+        if isinstance(limit, int) and config.seq_len > limit:
+            raise ValueError(f"seq_len {config.seq_len} exceeds the model's {name}={limit}")
+    return model_config
+
+
+def _new_model_config(config: TrainConfig, tokenizer=None):
     from transformers import AutoModelForCausalLM
 
     config_class = model_config_class(config.model_type, AutoModelForCausalLM, "a causal LM")
@@ -128,12 +146,29 @@ def build_model_config(config: TrainConfig, tokenizer=None):
         kwargs.setdefault("eos_token_id", eos)
         kwargs.setdefault("bos_token_id", tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos)
         kwargs.setdefault("pad_token_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
-    model_config = make_model_config(config_class, kwargs)
-    for name in _LENGTH_LIMIT_FIELDS:
-        limit = getattr(model_config, name, None)
-        if isinstance(limit, int) and config.seq_len > limit:
-            raise ValueError(f"seq_len {config.seq_len} exceeds the model's {name}={limit}")
-    return model_config
+    return make_model_config(config_class, kwargs)
+
+
+def _saved_model_config(config: TrainConfig):
+    """The config saved with ``model_name_or_path``, ``model_config`` applied to it; ``config.model_type``
+    becomes its type (ValueError when another type was asked for, or when there is no causal-LM config there)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = config.model_name_or_path
+    try:
+        saved = AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"--model_name_or_path {where!r}: no model config could be loaded ({reason})") from None
+    if config.model_type not in (None, saved.model_type):
+        raise ValueError(
+            f"--model_type {config.model_type!r} does not match --model_name_or_path {where} (a {saved.model_type!r} "
+            "model); drop --model_type"
+        )
+    config.model_type = saved.model_type
+    config_class = model_config_class(saved.model_type, AutoModelForCausalLM, "a causal LM", option=where)
+    check_model_config_keys(config_class, config.model_config)
+    return make_model_config(config_class, {**saved.to_diff_dict(), **config.model_config})
 
 
 def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]):
@@ -145,6 +180,8 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
 
     if config.tokenizer:
         tokenizer = load_tokenizer(config.tokenizer)
+    elif config.model_name_or_path:
+        tokenizer = _saved_model_tokenizer(config.model_name_or_path)
     else:
         tokenizer = train_bpe_tokenizer(train_documents, vocab_size=config.vocab_size)
     if tokenizer.eos_token_id is None:
@@ -157,6 +194,26 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
             flush=True,
         )
     return tokenizer
+
+
+def _saved_model_tokenizer(where: str):
+    """The tokenizer saved with the model at ``where``: a new BPE would not match the model's embeddings."""
+    from ..tokenization import load_tokenizer
+
+    files = ("tokenizer.json", "tokenizer_config.json")
+    if Path(where).is_dir() and not any((Path(where) / name).is_file() for name in files):
+        raise ValueError(
+            f"--model_name_or_path {where} has no tokenizer ({' or '.join(files)}); pass --tokenizer, the one that "
+            "model was trained with"
+        )
+    try:
+        return load_tokenizer(where)
+    except (OSError, ValueError, TypeError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(
+            f"--model_name_or_path {where!r} has no tokenizer ({reason}); pass --tokenizer, the one that model was "
+            "trained with"
+        ) from None
 
 
 @torch.no_grad()
@@ -185,6 +242,7 @@ _RESUME_MUST_MATCH = (
     "seq_len",
     "tokenizer",
     "vocab_size",
+    "model_name_or_path",
     "model_type",
     "model_config",
     "seed",
@@ -386,6 +444,8 @@ def _check_before_reading_data(config: TrainConfig) -> Path:
         )
     if config.tokenizer and not Path(config.tokenizer).exists():
         raise FileNotFoundError(f"tokenizer {config.tokenizer} does not exist")
+    if config.model_name_or_path and not config.tokenizer:
+        _saved_model_tokenizer(config.model_name_or_path)
     output_dir = Path(config.output_dir)
     check_output_dir(output_dir, "--output_dir")
     if config.resume:
@@ -469,13 +529,19 @@ def _install_staged_tokenizer(config: TrainConfig, accelerator, output_dir: Path
 
 
 def _build_model_and_optimizer(config: TrainConfig, tokenizer):
-    """The model (initialized from ``seed``), AdamW over its parameter groups and the warmup + cosine schedule."""
+    """The model (initialized from ``seed``, or loaded from ``model_name_or_path``), AdamW over its parameter
+    groups and the warmup + cosine schedule."""
     from accelerate.utils import set_seed
     from transformers import AutoModelForCausalLM
 
     model_config = build_model_config(config, tokenizer)
     set_seed(config.seed)
-    model = AutoModelForCausalLM.from_config(model_config)
+    if config.model_name_or_path:  # float32 weights whatever dtype they were saved in: autocast does the rest
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model_name_or_path, config=model_config, dtype=torch.float32
+        )
+    else:
+        model = AutoModelForCausalLM.from_config(model_config)
     optimizer = torch.optim.AdamW(
         param_groups(model, config.weight_decay, config.learning_rate, config.recurrence_learning_rate),
         lr=config.learning_rate,
