@@ -121,3 +121,10 @@ def write_report(script_name: str, title: str, sections: Sequence[str], results_
     path = os.path.join(results_dir, f"{script_name}.md")
     write_text_atomic(path, text)
     return path
+
+
+def print_and_write(args, title: str, text: str, table: str) -> None:
+    """Print ``table``; unless ``args.no_write``, write ``text`` and ``table`` to ``results/<args.name>.md``."""
+    print(table)
+    if not args.no_write:
+        print(f"wrote {write_report(args.name, title, [text, table])}")

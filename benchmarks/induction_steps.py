@@ -25,7 +25,7 @@ import ssmhub
 from ssmhub.metrics import token_nll
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import markdown_table, write_report
+from _report import markdown_table, print_and_write
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,16 +80,13 @@ def main(argv=None) -> int:
             ])  # fmt: skip
             print(rows[-1], flush=True)
     headers = ["V", "n", "step with repeat top-1 ≥ 0.9", "repeat loss at the end", "log V (no copying)", "seconds"]
-    table = markdown_table(headers, rows)
-    print(table)
-    if not args.no_write:
-        text = (
-            f"H3 hybrid {args.hidden_size} × 4, attention in layers 1 and 3; sequences [r, r] of n uniform random "
-            f"tokens; {args.batch_tokens} tokens per step, AdamW 1e-3 (weight decay 0.1), {args.steps} steps, seed 0; "
-            "one thread."
-        )
-        path = write_report(args.name, "Steps to induction: an H3 hybrid copying random tokens", [text, table])
-        print(f"wrote {path}")
+    text = (
+        f"H3 hybrid {args.hidden_size} × 4, attention in layers 1 and 3; sequences [r, r] of n uniform random "
+        f"tokens; {args.batch_tokens} tokens per step, AdamW 1e-3 (weight decay 0.1), {args.steps} steps, seed 0; "
+        "one thread."
+    )
+    title = "Steps to induction: an H3 hybrid copying random tokens"
+    print_and_write(args, title, text, markdown_table(headers, rows))
     return 0
 
 

@@ -24,7 +24,7 @@ import sys
 import time
 
 import torch
-from _report import markdown_table, median, write_report
+from _report import markdown_table, median, print_and_write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
@@ -202,19 +202,15 @@ def main(argv=None) -> int:
             ratio, spread = f"**{median(ratios):.2f}×**", f"{min(ratios):.2f}–{max(ratios):.2f}"
             rows.append([measure, label, *values, ratio, spread])
     headers = ["measure", "source", "Mamba", "SeRpEnt [0.5, 0.1]", "SeRpEnt ÷ Mamba (median of rounds)", "range"]
-    table = markdown_table(headers, rows)
-    print(table)
-    if not args.no_write:
-        width = args.width - args.width % 3
-        text = (
-            f"Mamba: width {args.width}; SeRpEnt: width {width} (a base branch and κ = 0.5, 0.1, each of width "
-            f"{width // 3}); {args.layers} layers, state 16, expand 2, vocabulary {args.vocab_size}; batch 1 decode "
-            f"of {args.steps} greedy steps after a random prompt; training: forward + backward of batch "
-            f"max(1, {args.train_tokens} // L). Each of {args.rounds} rounds is a fresh process per source tree, "
-            f"{args.repeats} repeats per model inside it, models interleaved; one thread."
-        )
-        path = write_report(args.name, "SeRpEnt vs Mamba: decode and training step", [text, table])
-        print(f"wrote {path}")
+    width = args.width - args.width % 3
+    text = (
+        f"Mamba: width {args.width}; SeRpEnt: width {width} (a base branch and κ = 0.5, 0.1, each of width "
+        f"{width // 3}); {args.layers} layers, state 16, expand 2, vocabulary {args.vocab_size}; batch 1 decode "
+        f"of {args.steps} greedy steps after a random prompt; training: forward + backward of batch "
+        f"max(1, {args.train_tokens} // L). Each of {args.rounds} rounds is a fresh process per source tree, "
+        f"{args.repeats} repeats per model inside it, models interleaved; one thread."
+    )
+    print_and_write(args, "SeRpEnt vs Mamba: decode and training step", text, markdown_table(headers, rows))
     return 0
 
 

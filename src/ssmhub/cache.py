@@ -16,14 +16,16 @@ assisted and prompt-lookup decoding ``activate_past_recording``, ``is_croppable`
 not depend on the internals of transformers' ``Cache`` classes, which changed five times in two years.
 
 Exact rollback. A recurrent state cannot be rewound, so while recording (:meth:`RecurrentCache.
-activate_past_recording`, which transformers' assisted decoding calls) a forward files a record with the cache:
-each layer's state before it and the forward's first-layer inputs (B, L, H). The forward itself is an ordinary
-parallel one, so checking k draft tokens costs one forward, not k steps. :meth:`RecurrentCache.crop` to the
-state after j of its tokens puts back the states before it and replays its first j inputs through the layers,
-one ordinary forward: the cache then holds exactly the bits of a cache that was fed only those j tokens. The
-records live until the next ``crop``; without recording a forward files nothing and the cache keeps nothing. A
-field that grows with the tokens (attention's keys, values and key mask) is not copied: keys are only ever
-appended, so its snapshot is the length of a prefix of the live tensor.
+activate_past_recording`, which transformers' assisted decoding calls) a forward files a record with the cache: each
+layer's state before it and the forward's first-layer inputs (B, L, H). The forward itself is an ordinary parallel
+one, so checking k draft tokens costs one forward, not k steps. :meth:`RecurrentCache.crop` to the state after j of
+its tokens puts back the states before it and replays its first j inputs through the layers: the model's next
+forward runs them ahead of its own tokens (:meth:`RecurrentCache.take_pending`), so a round of assisted decoding
+still costs one forward, and anything that reads the states before that replays them at once (one ordinary forward).
+The cache then holds exactly the bits of a cache that was fed those j tokens (and, when merged, the next forward's
+in the same pass). The records live until the next ``crop``; without recording a forward files nothing and the cache
+keeps nothing. A field that grows with the tokens (attention's keys, values and key mask) is not copied: keys are
+only ever appended, so its snapshot is the length of a prefix of the live tensor.
 
 Static decoding: :meth:`RecurrentCache.preallocated` makes a cache whose every layer holds its state from the
 start, in fixed shapes (attention layers: a key/value buffer of a fixed number of tokens, see
@@ -75,16 +77,17 @@ class _Record(NamedTuple):
         return self.start + self.inputs.shape[1]
 
 
-def _snapshot(state: LayerState | None, final: LayerState) -> dict | None:
-    """A copy of ``state`` that later in-place updates of the cache cannot touch; a field whose shape differs
-    from ``final``'s grows with the tokens (keys are only appended) and is kept as a :class:`_Prefix`."""
+def _snapshot(state: LayerState | None, final: LayerState, handed_over: bool = False) -> dict | None:
+    """``state`` kept safe from later in-place updates of the cache: copied, or as it is when ``handed_over`` (the
+    cache stops using its tensors, see :meth:`RecurrentCache.update`); a field whose shape differs from
+    ``final``'s grows with the tokens (keys are only appended) and is kept as a :class:`_Prefix`."""
     if state is None:
         return None
     kept = {}
     for name, tensor in state.items():
         live = final[name]
         if tensor.shape == live.shape:
-            kept[name] = tensor.detach().clone()
+            kept[name] = tensor if handed_over else tensor.detach().clone()
         else:
             dim = next(d for d, (a, b) in enumerate(zip(tensor.shape, live.shape)) if a != b)
             kept[name] = _Prefix(dim, tensor.shape[dim])
@@ -92,11 +95,12 @@ def _snapshot(state: LayerState | None, final: LayerState) -> dict | None:
 
 
 def _restore(snapshot: dict | None, live: LayerState | None) -> LayerState | None:
-    """The layer state a snapshot stands for: its tensors, and prefixes cut from the live tensors."""
+    """The layer state a snapshot stands for: its tensors (restored once: a crop drops every record), and
+    prefixes cut from the live tensors."""
     if snapshot is None:
         return None
     return {
-        name: live[name].narrow(kept.dim, 0, kept.length).clone() if isinstance(kept, _Prefix) else kept.clone()
+        name: live[name].narrow(kept.dim, 0, kept.length).clone() if isinstance(kept, _Prefix) else kept
         for name, kept in snapshot.items()
     }
 
@@ -114,7 +118,8 @@ class RecurrentCache:
     def __init__(self, num_layers: int):
         if num_layers < 1:
             raise ValueError(f"num_layers must be positive; got {num_layers}")
-        self.layers: list[dict[str, torch.Tensor] | None] = [None] * num_layers
+        self._layers: list[dict[str, torch.Tensor] | None] = [None] * num_layers
+        self._pending: tuple | None = None  # (inputs, mask, replay) a crop left for the next forward to absorb
         self.seen_tokens = 0
         self.record_past = False
         self._records: list[_Record] = []  # the recording forwards since the last crop, oldest first
@@ -132,8 +137,19 @@ class RecurrentCache:
         cache.is_compileable = True
         return cache
 
+    @property
+    def layers(self) -> list[dict[str, torch.Tensor] | None]:
+        """Each layer's state dict (None before its first token), after any replay a :meth:`crop` left pending."""
+        if self._pending is not None:
+            self._flush()
+        return self._layers
+
+    @layers.setter
+    def layers(self, states: list[dict[str, torch.Tensor] | None]) -> None:
+        self._layers, self._pending = states, None
+
     def __len__(self) -> int:
-        return len(self.layers)
+        return len(self._layers)
 
     def __repr__(self) -> str:
         filled = sum(state is not None for state in self.layers)
@@ -157,6 +173,8 @@ class RecurrentCache:
         (the old state, saved by the forward that read it). :meth:`detach_` cuts the graph later. During a
         recording forward (:meth:`begin_record`) the layer's state before it is kept first.
         """
+        if self._recording is not None and self._hand_over(layer_idx, state):
+            return
         if self._recording is not None:
             self._incoming.append(_snapshot(self.layers[layer_idx], state))
         if torch.is_grad_enabled() and any(tensor.requires_grad for tensor in state.values()):
@@ -171,6 +189,20 @@ class RecurrentCache:
                 current[name].copy_(tensor)  # no state here carries gradients (the branch above)
             else:  # e.g. the key/value cache of an attention layer grows
                 current[name] = tensor.detach().clone()
+
+    def _hand_over(self, layer_idx: int, state: LayerState) -> bool:
+        """During a recording forward without gradients: keep the layer's old tensors as its snapshot and hold the
+        forward's new ones instead of copying them in (saves a copy each way). Not for a preallocated cache (its
+        buffers keep their address) or a state that shares memory with the old one; False when not done."""
+        old = self._layers[layer_idx]
+        if self.is_compileable or old is None or old.keys() != state.keys() or torch.is_grad_enabled():
+            return False
+        old_memory = {t.untyped_storage().data_ptr() for t in old.values()}
+        if any(t.untyped_storage().data_ptr() in old_memory for t in state.values()):
+            return False
+        self._incoming.append(_snapshot(old, state, handed_over=True))
+        self._layers[layer_idx] = {name: tensor.detach() for name, tensor in state.items()}
+        return True
 
     def begin_record(self, inputs: torch.Tensor, mask: torch.Tensor | None, replay: Callable) -> None:
         """Announce a recording forward of ``inputs`` (B, L, H), the first layer's inputs, and ``mask`` (B, L) or
@@ -187,10 +219,10 @@ class RecurrentCache:
         if self._recording is not None:
             inputs, mask, replay = self._recording
             self._recording = None
-            if len(self._incoming) != len(self.layers) or inputs.shape[1] != num_tokens:
+            if len(self._incoming) != len(self._layers) or inputs.shape[1] != num_tokens:
                 raise ValueError(
                     f"a recording forward must update every layer once and advance by its {inputs.shape[1]} "
-                    f"tokens; got {len(self._incoming)} of {len(self.layers)} layers and {num_tokens} tokens"
+                    f"tokens; got {len(self._incoming)} of {len(self._layers)} layers and {num_tokens} tokens"
                 )
             self._records.append(_Record(self.seen_tokens, self._incoming, inputs, mask, replay))
             self._incoming = []
@@ -209,7 +241,7 @@ class RecurrentCache:
         tokens. This cache counts them exactly, so a ``generate`` that continues from a returned cache
         feeds only the new tokens.
         """
-        return [False] * len(self.layers)
+        return [False] * len(self._layers)
 
     def detach_(self) -> RecurrentCache:
         """Cut every state from the autograd graph that computed it, keeping its values (in place; returns
@@ -258,7 +290,11 @@ class RecurrentCache:
                 the number of tokens to keep (transformers' ``DynamicCache.crop(max_length)`` before 5.24).
 
         The record of the forward that absorbed the token count asked for gives the states before that forward;
-        its first inputs up to that count are replayed through the layers (one ordinary forward). Raises a
+        its first inputs up to that count are replayed through the layers (one ordinary forward). The replay is
+        deferred: the model's next forward takes those inputs ahead of its own (:meth:`take_pending`), so an
+        assisted-decoding round costs one forward, not two; anything that reads the states first (``layers``,
+        :meth:`get`, :meth:`save`, :meth:`fork`, ...) runs the replay itself. Either way the states are those of
+        a cache fed exactly the kept tokens (and, when merged, the next ones in the same forward). Raises a
         ValueError naming ``tokens_to_remove`` for a crop to more tokens than were absorbed, or to a token count
         no record reaches (only a recording forward keeps one, see :meth:`activate_past_recording`).
         """
@@ -270,9 +306,28 @@ class RecurrentCache:
             kept = target - record.start
             if kept:
                 mask = None if record.mask is None else record.mask[:, :kept]
-                record.replay(self, record.inputs[:, :kept], mask)
+                self._pending = (record.inputs[:, :kept], mask, record.replay)
             self.seen_tokens = target
         self._drop_records()
+
+    def take_pending(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The first-layer inputs (B, j, H) and mask (B, j) or None of the j tokens a :meth:`crop` kept but has
+        not replayed yet, handed to a forward that runs them ahead of its own tokens (the token count steps back
+        by j, and the forward's ``advance`` counts them again); None when there are none."""
+        if self._pending is None:
+            return None
+        inputs, mask, _ = self._pending
+        self._pending = None
+        self.seen_tokens -= inputs.shape[1]
+        return inputs, mask
+
+    def _flush(self) -> None:
+        """Replay the inputs a crop left pending (one ordinary forward through the layers)."""
+        inputs, mask, replay = self._pending
+        self._pending = None
+        self.seen_tokens -= inputs.shape[1]
+        replay(self, inputs, mask)
+        self.seen_tokens += inputs.shape[1]
 
     def _record_reaching(self, target: int) -> _Record | None:
         """The record of the forward after whose first tokens the cache had absorbed ``target`` (None: none)."""
@@ -326,7 +381,7 @@ class RecurrentCache:
 
     def reset(self) -> None:
         """Forget every state (the next forward starts a fresh sequence; a preallocated cache stops being one)."""
-        self.layers = [None] * len(self.layers)
+        self.layers = [None] * len(self._layers)
         self.is_compileable = False
         self.seen_tokens = 0
         self._drop_records()
@@ -352,7 +407,7 @@ class RecurrentCache:
     def fork(self) -> RecurrentCache:
         """An independent copy: the same states and token count in new tensors (not recording, no records),
         so that several continuations can start from one prefilled prompt."""
-        copy = RecurrentCache(len(self.layers))
+        copy = RecurrentCache(len(self._layers))
         copy.layers = [None if state is None else {n: t.clone() for n, t in state.items()} for state in self.layers]
         copy.seen_tokens = self.seen_tokens
         copy.is_compileable = self.is_compileable

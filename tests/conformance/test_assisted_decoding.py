@@ -1,9 +1,10 @@
 """Exact rollback, assisted and prompt-lookup decoding, for every family with a causal LM (and H3 distilled).
 
-Oracles: after a recording forward of k tokens, ``cache.crop`` returns to the state after any of them with the
-same bits as a cache fed only those tokens (the crop replays them in one forward from the states before the
-recorded forward; the reference feeds them in one forward too); greedy assisted decoding (every draft rejected,
-all accepted, a draft of another family) and prompt lookup give plain greedy decoding's tokens, one for one."""
+Oracles: after a recording forward of k tokens, ``cache.crop`` returns to the state after any of them with the same
+bits as a cache fed only those tokens (the crop replays them in one forward from the states before the recorded
+forward, or the next forward runs them ahead of its own; the references feed them likewise); greedy assisted
+decoding (every draft rejected, all accepted, a draft of another family) and prompt lookup give plain greedy
+decoding's tokens, one for one."""
 
 import copy
 
@@ -95,6 +96,30 @@ def test_rollback_within_a_first_forward(decoder):
         cache.crop(-1)
         model(ids, cache=cache, use_cache=True, logits_to_keep=drafts + 1)
         cache.crop(-4)
+
+
+@torch.no_grad()
+def test_the_next_forward_absorbs_a_crop_replay(decoder):
+    """A crop's replay waits for the next forward, which runs the kept tokens ahead of its own in one pass (each
+    layer called once): its logits and the cache then have the bits of a cache fed the kept and the new tokens
+    in one forward; a cache read before any forward replays first (``layers``, as the bit-exactness test above)."""
+    model = build(decoder)
+    ids = random_ids(2, 16)
+    prompt, k, new = 8, 5, 3
+    for kept in (1, 2, k - 1):  # a crop that keeps some tokens and drops others
+        cache = getattr(model(ids[:, :prompt], use_cache=True), CACHE_FIELD)
+        cache.activate_past_recording()
+        model(ids[:, prompt : prompt + k], cache=cache, use_cache=True)
+        first_layer = _CountForwards(model.backbone.layers[0])
+        cache.crop(-(k - kept))
+        assert cache.get_seq_length() == prompt + kept
+        got = model(ids[:, prompt + kept : prompt + kept + new], cache=cache, use_cache=True).logits
+        first_layer.handle.remove()
+        assert first_layer.count == 1 and got.shape[1] == new
+        reference = getattr(model(ids[:, :prompt], use_cache=True), CACHE_FIELD)
+        want = model(ids[:, prompt : prompt + kept + new], cache=reference, use_cache=True).logits[:, kept:]
+        assert torch.equal(got, want)
+        assert_same_bits(cache, reference)
 
 
 @torch.no_grad()

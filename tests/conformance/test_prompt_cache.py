@@ -1,6 +1,6 @@
-"""Prompt caches that persist, every family with a causal LM: a prefilled document saved, loaded later and
-continued gives exactly what continuing after re-prefilling gives; forks are independent; a cache loaded into
-another model, dtype or batch size is refused by name."""
+"""Prompt caches that persist, every family with a causal LM: a prefilled document saved, loaded later and continued
+gives exactly what continuing after re-prefilling gives (greedy, prompt lookup, assisted); forks are independent; a
+cache loaded into another model, dtype or batch size is refused by name."""
 
 import pytest
 import torch
@@ -35,6 +35,22 @@ def test_a_loaded_cache_continues_as_a_re_prefill(family, tmp_path):
     re_prefilled = model.generate(prompt, max_new_tokens=6, do_sample=False, **{CACHE_FIELD: prefill(model, document)})
     assert torch.equal(continued, re_prefilled)
     assert torch.equal(continued, model.generate(prompt, max_new_tokens=6, do_sample=False))
+
+
+@pytest.mark.parametrize("family", DECODERS, ids=lambda f: f.name)
+@torch.no_grad()
+def test_lookup_and_assisted_decoding_continue_a_loaded_cache(family, tmp_path):
+    """A prompt cache continued with prompt lookup or a draft gives plain greedy's tokens (the first verification
+    feeds only the prompt's tokens the cache has not absorbed); batch 1, as transformers requires."""
+    model, draft = build(family), build(family, seed=1)
+    document = random_ids(1, 12)
+    prompt = torch.cat([document, document[:, :4]], 1)  # a repeat: lookup has candidates to check
+    prefill(model, document).save(tmp_path / "doc.safetensors", model)
+    plain = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    for extra in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": draft}):
+        loaded = ssmhub.RecurrentCache.load(tmp_path / "doc.safetensors", model)
+        out = model.generate(prompt, max_new_tokens=8, do_sample=False, **extra, **{CACHE_FIELD: loaded})
+        assert torch.equal(out, plain), extra
 
 
 @torch.no_grad()

@@ -262,17 +262,31 @@ def _states_to_record(cache: RecurrentCache | None, seq_len: int, rollback: int,
     return recorded
 
 
-def _pieces(seq_len: int, recorded: int) -> list[tuple[int, int, bool]]:
+def _pieces(seq_len: int, recorded: int, replayed: int = 0) -> list[tuple[int, int, bool]]:
     """``(start, stop, record)`` runs of a forward. A recording forward files the ``recorded`` last tokens as a
     record (a crop replays its kept part, :meth:`RecurrentCache.crop`); a long head before them (a prompt with
     its first drafts) runs first as an ordinary forward, so a crop never replays it, while a short one (the last
-    accepted token before the drafts) joins the record, so verifying k drafts stays one forward."""
+    accepted token before the drafts, after the ``replayed`` tokens a crop left pending) joins the record, so
+    verifying k drafts stays one forward."""
     if not recorded:
         return [(0, seq_len, False)]
     head = seq_len - recorded
-    if head <= recorded:
+    if head <= recorded + replayed:
         return [(0, seq_len, True)]
     return [(0, head, False), (head, seq_len, True)]
+
+
+def _after_pending(pending, hidden_states: torch.Tensor, mask: torch.Tensor | None):
+    """The first-layer inputs and mask of the tokens a crop kept (``pending``: (B, j, H), (B, j) or None) followed
+    by a forward's own (B, L, H) and (B, L) or None: (B, j + L, H) and (B, j + L) or None."""
+    inputs, kept_mask = pending
+    if mask is not None or kept_mask is not None:
+        ones = mask if mask is not None else kept_mask
+        mask = torch.cat([
+            kept_mask if kept_mask is not None else ones.new_ones(inputs.shape[:2]),
+            mask if mask is not None else ones.new_ones(hidden_states.shape[:2]),
+        ], dim=1)  # fmt: skip
+    return torch.cat([inputs.to(hidden_states.dtype), hidden_states], dim=1), mask
 
 
 class RecurrentModel(RecurrentPreTrainedModel):
@@ -334,9 +348,14 @@ class RecurrentModel(RecurrentPreTrainedModel):
         )
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
+        pending = cache.take_pending() if use_cache and starts is None else None  # what a crop kept, not yet replayed
+        replayed = 0 if pending is None else pending[0].shape[1]
+        if pending is not None:
+            hidden_states, mask = _after_pending(pending, hidden_states, mask)  # (B, replayed + L, H), (B, ...)
+            seq_len += replayed
         recorded = _states_to_record(cache if use_cache else None, seq_len, rollback, starts)
         outputs, layer_inputs = [], []
-        for start, stop, record in _pieces(seq_len, recorded):
+        for start, stop, record in _pieces(seq_len, recorded, replayed):
             piece_mask = None if mask is None else mask[:, start:stop]
             if record:
                 cache.begin_record(hidden_states[:, start:stop], piece_mask, self.replay_layers)
@@ -347,10 +366,12 @@ class RecurrentModel(RecurrentPreTrainedModel):
                 cache.advance(stop - start)
             outputs.append(out)
             layer_inputs.append(inputs)
-        hidden_states = outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1)
+        hidden_states = (outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1))[:, replayed:]
         all_hidden_states = None
         if output_hidden_states:
-            all_hidden_states = tuple(h[0] if len(h) == 1 else torch.cat(h, 1) for h in zip(*layer_inputs))
+            all_hidden_states = tuple(
+                (h[0] if len(h) == 1 else torch.cat(h, 1))[:, replayed:] for h in zip(*layer_inputs)
+            )
         if self.norm_f is not None:
             hidden_states = self.norm_f(hidden_states)
         if output_hidden_states:
@@ -407,6 +428,18 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs):
+        """transformers' own, except that a first forward on a cache that already absorbed part of the prompt (a
+        prefilled or loaded prompt cache) feeds only the rest: greedy decoding trims the prompt so before it gets
+        here, but assisted and prompt-lookup decoding (transformers 5.24) pass all of it, and the cache would
+        absorb the prompt twice."""
+        cache = kwargs.get(CACHE_FIELD)
+        if kwargs.get("is_first_iteration") and kwargs.get("next_sequence_length") is None:
+            seen = cache.get_seq_length() if isinstance(cache, RecurrentCache) else 0
+            if 0 < seen < input_ids.shape[1]:
+                kwargs["next_sequence_length"] = input_ids.shape[1] - seen
+        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
         """transformers' hook, plus the cache assisted decoding needs: a verifier must have one before its first
