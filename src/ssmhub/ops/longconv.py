@@ -43,6 +43,7 @@ from .precision import float32_math
 
 __all__ = [
     "CODE_ORDER",
+    "DIRECT_TAIL_MAX",
     "GEOMETRIC_CONVENTIONS",
     "PAPER_ORDER",
     "REGULARIZERS",
@@ -50,6 +51,7 @@ __all__ = [
     "causal_conv",
     "causal_conv_ref",
     "causal_conv_step",
+    "direct_conv_tail",
     "geometric_decay_init",
     "random_init",
     "regularize_kernel",
@@ -302,7 +304,9 @@ def causal_conv(
         history = None
     stream = None if history is None else torch.cat([history, u], dim=-1)  # (..., H, M + L)
     if history is not None and history.shape[-1] > 0:
-        if backend == "torch":
+        if backend == "torch" and u.shape[-1] <= DIRECT_TAIL_MAX:
+            y = direct_conv_tail(stream, kernel.float(), u.shape[-1])  # (..., H, L), a few new tokens
+        elif backend == "torch":
             y = fft_conv_tail(stream, kernel.float(), u.shape[-1])  # (..., H, L), overlap-save
         else:
             y = fft_conv(stream, kernel.float(), backend=backend, block_size=block_size)[..., history.shape[-1] :]
@@ -318,6 +322,31 @@ def causal_conv(
         stream = torch.cat([u.new_zeros(*u.shape[:-1], missing), u], dim=-1) if missing else u
     final = stream[..., stream.shape[-1] - window :]  # (..., H, M); M = 0 gives an empty window
     return y, final.contiguous()
+
+
+DIRECT_TAIL_MAX = 32  # new tokens up to which a continuation convolves directly (see direct_conv_tail)
+
+
+def direct_conv_tail(stream: torch.Tensor, kernel: torch.Tensor, num_outputs: int) -> torch.Tensor:
+    """The last ``num_outputs`` outputs of the causal convolution of ``stream`` with ``kernel``, directly: a
+    depthwise ``conv1d`` over the last L + K' − 1 inputs (K' = the taps that reach them; zeros before the stream).
+
+    For a continuation of a few tokens (a decode step's neighbours: assisted decoding's verification, its
+    replay) this O(H·L·K') sum costs less than the FFT of ≥ M + L points :func:`fft_conv_tail` needs.
+
+    Args: stream (..., H, M + L); kernel (H, K); num_outputs: L, 1 <= L <= M + L.
+    Returns: (..., H, L) float32.
+    """
+    total, channels = stream.shape[-1], stream.shape[-2]
+    if not 1 <= num_outputs <= total:
+        raise ValueError(f"num_outputs must be in [1, {total}] (the stream's length); got {num_outputs}")
+    taps = min(kernel.shape[-1], total)  # K': no output reaches further back than the stream's start
+    needed = num_outputs + taps - 1
+    window = stream.float()[..., max(0, total - needed) :]
+    window = F.pad(window, (needed - window.shape[-1], 0))  # zeros before the stream, where K' > M + 1
+    weight = kernel[:, :taps].float().flip(-1)[:, None, :]  # (H, 1, K'): conv1d correlates, so flip the taps
+    y = F.conv1d(window.reshape(-1, channels, needed), weight, groups=channels)  # (N, H, L)
+    return y.reshape(*stream.shape[:-1], num_outputs)
 
 
 @float32_math
