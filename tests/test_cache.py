@@ -145,3 +145,23 @@ def test_fork_is_independent():
     copy.update(0, {"s": torch.ones(1, 2)})
     copy.advance(1)
     assert cache.get(0)["s"].eq(0).all() and cache.get_seq_length() == 2 and copy.get_seq_length() == 3
+
+
+def test_a_crop_leaves_its_replay_to_the_next_forward_or_the_next_read():
+    """After a crop the kept inputs wait: a forward takes them (the count steps back so that it counts them again),
+    or reading the states replays them first; printing the cache does neither."""
+    for read_first in (False, True):
+        cache = RecurrentCache(1)
+        cache.update(0, {"s": torch.zeros(1, 2)})
+        cache.advance(3)
+        cache.activate_past_recording()
+        _forward(cache, [4, 5, 6])
+        cache.crop(-1)  # keeps 4 and 5
+        assert "pending_replay=2" in repr(cache) and cache.get_seq_length() == 5
+        if read_first:
+            assert cache.layers[0]["s"].eq(5).all() and "pending_replay" not in repr(cache)
+            assert cache.take_pending() is None and cache.get_seq_length() == 5
+        else:
+            inputs, mask = cache.take_pending()
+            assert inputs[0, :, 0].tolist() == [4.0, 5.0] and mask is None and cache.get_seq_length() == 3
+            assert cache.get(0)["s"].eq(0).all()  # the state before the recorded forward, not yet replayed

@@ -151,11 +151,13 @@ class RecurrentCache:
     def __len__(self) -> int:
         return len(self._layers)
 
-    def __repr__(self) -> str:
-        filled = sum(state is not None for state in self.layers)
+    def __repr__(self) -> str:  # reads ``_layers``: printing a cache never runs a pending replay
+        filled = sum(state is not None for state in self._layers)
+        held = sum(t.numel() * t.element_size() for state in self._layers if state for t in state.values())
+        pending = 0 if self._pending is None else self._pending[0].shape[1]
         return (
             f"RecurrentCache(num_layers={len(self)}, filled={filled}, seen_tokens={self.seen_tokens}, "
-            f"memory_bytes={self.memory_bytes()})"
+            f"memory_bytes={held}" + (f", pending_replay={pending}" if pending else "") + ")"
         )
 
     def get(self, layer_idx: int) -> dict[str, torch.Tensor] | None:
