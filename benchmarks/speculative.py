@@ -79,14 +79,30 @@ class ForwardCounter:
         self.lengths.append(0 if ids is None else ids.shape[1])
 
 
+def draft_model_config(model_folder: Path, run: dict) -> dict:
+    """The ``--model_config`` of the target's 2-layer draft: the target's own (its run's, or, for a run that went on
+    from ``--model_name_or_path``, the fields of its saved config) with 2 layers; a hybrid's draft keeps one
+    attention layer, its last."""
+    model_config = dict(run["model_config"])
+    if run.get("model_name_or_path"):
+        from transformers import AutoConfig
+
+        from ssmhub.preflight import config_fields
+
+        config = AutoConfig.from_pretrained(model_folder)
+        fields = config_fields(type(config)) - {"architectures", "dtype", "model_type", "transformers_version"}
+        model_config = {key: value for key, value in config.to_diff_dict().items() if key in fields}
+    model_config["n_layer" if run["model_type"] == "gpt2" else "num_hidden_layers"] = 2
+    if model_config.get("attention_layers"):
+        model_config["attention_layers"] = [1]
+    return model_config
+
+
 def train_draft(args, model_folder: Path, draft_folder: Path) -> None:
     """A 2-layer model of the target's family, width and tokenizer, trained by ``ssmhub-train`` on the target's
     data with its optimisation settings (``--draft-steps`` steps)."""
     run = json.loads((model_folder / "train_config.json").read_text())
-    model_config = dict(run["model_config"])
-    model_config["n_layer" if run["model_type"] == "gpt2" else "num_hidden_layers"] = 2
-    if model_config.get("attention_layers"):  # a hybrid's draft keeps one attention layer, its last
-        model_config["attention_layers"] = [1]
+    model_config = draft_model_config(model_folder, run)
     options = {
         "dataset": run["dataset"], "data_dir": args.data_dir, "tokenizer": str(model_folder),
         "model_type": run["model_type"], "model_config": json.dumps(model_config), "seq_len": run["seq_len"],
