@@ -27,9 +27,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import ssmhub  # noqa: F401  (registers the families with the Auto classes)
-from ssmhub.metrics import token_nll
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _copying import copy_step
 from _report import markdown_table, print_and_write
 
 FIRST_ID = 2  # ids 0 and 1 are the special tokens (end of text, padding) of ssmhub's BPE tokenizers
@@ -90,17 +90,11 @@ def train_curriculum(args, log=print) -> tuple[torch.nn.Module, list[dict]]:
     for step in range(1, args.steps + 1):
         alphabet, max_distance = stages[stage]
         x, n = repeated_random_tokens(alphabet, args.min_distance, max_distance, args.batch_tokens, generator)
-        logits = model(x).logits[:, :-1]  # position t predicts token t + 1
-        nll = token_nll(logits, x[:, 1:])  # (batch, 2n - 1)
-        optimizer.zero_grad()
-        nll.mean().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        with torch.no_grad():
-            hits.append((logits[:, n:].argmax(-1) == x[:, n + 1 :]).float().mean().item())
+        repeat_loss, top1 = copy_step(model, optimizer, x, n, max_grad_norm=1.0)
+        hits.append(top1)
         records[-1].update({"to step": step, "repeat top-1": hits[-1], "seconds": time.perf_counter() - start})
         if step % 25 == 0:
-            log(f"step {step} alphabet {alphabet} n {n} repeat loss {nll[:, n:].mean():.3f} top-1 {hits[-1]:.3f}")
+            log(f"step {step} alphabet {alphabet} n {n} repeat loss {repeat_loss:.3f} top-1 {hits[-1]:.3f}")
         learned = len(hits) >= args.patience and sum(hits[-args.patience :]) / args.patience >= args.threshold
         if learned and stage < len(stages) - 1:
             stage, hits = stage + 1, []

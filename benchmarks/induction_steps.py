@@ -22,9 +22,9 @@ import time
 import torch
 
 import ssmhub
-from ssmhub.metrics import token_nll
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _copying import copy_step
 from _report import markdown_table, print_and_write
 
 
@@ -55,16 +55,10 @@ def steps_to_induction(vocab: int, distance: int, args) -> tuple[int | None, flo
     for step in range(1, args.steps + 1):
         r = torch.randint(0, vocab, (batch, distance), generator=generator)
         x = torch.cat([r, r], dim=1)  # (batch, 2n)
-        logits = model(x).logits[:, :-1]  # position t predicts token t + 1
-        nll = token_nll(logits, x[:, 1:])  # (batch, 2n - 1)
-        optimizer.zero_grad()
-        nll.mean().backward()
-        optimizer.step()
-        repeat = slice(distance, None)  # predictions of tokens n + 1 .. 2n - 1: each a copy
-        top1 = (logits[:, repeat].argmax(-1) == x[:, distance + 1 :]).float().mean().item()
+        repeat_loss, top1 = copy_step(model, optimizer, x, distance)
         if reached is None and top1 >= 0.9:
             reached = step
-    return reached, nll[:, repeat].mean().item(), time.perf_counter() - start
+    return reached, repeat_loss, time.perf_counter() - start
 
 
 def main(argv=None) -> int:

@@ -112,7 +112,7 @@ def check_hub_access(repo_id: str | None, option: str = "--push_to_hub") -> None
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
-        raise ValueError(f"--hub_model_id {repo_id!r} is not a valid repo id ({_first_line(err)})") from None
+        raise ValueError(f"--hub_model_id {repo_id!r} is not a valid repo id ({first_line(err)})") from None
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
         raise ValueError(f"{option}: HF_HUB_OFFLINE is set, so the push to {repo_id!r} would fail; unset it first")
     token = os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
@@ -121,11 +121,12 @@ def check_hub_access(repo_id: str | None, option: str = "--push_to_hub") -> None
     try:
         huggingface_hub.whoami(token=token)
     except Exception as err:  # network or authentication: either way the push would fail
-        reason = _first_line(err).replace(token, "***")
+        reason = first_line(err).replace(token, "***")
         raise ValueError(f"{option}: the Hub did not accept the token ({type(err).__name__}: {reason})") from None
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message ("" if it has none): a one-line reason for an error message."""
     return (str(err).strip().splitlines() or [""])[0]
 
 

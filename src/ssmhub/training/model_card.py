@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..fileio import write_text_atomic
 from ..metrics.functional import perplexity
+from ..preflight import first_line
 
 __all__ = ["HubPushError", "push_folder_to_hub", "render_model_card", "write_model_card"]
 
@@ -137,7 +138,7 @@ def push_folder_to_hub(folder: str | os.PathLike, repo_id: str, private: bool = 
         url = api.create_repo(repo_id, private=private, exist_ok=True)
         api.upload_folder(folder_path=str(folder), repo_id=repo_id, ignore_patterns=["checkpoints/*", "checkpoints"])
     except Exception as err:
-        reason = (str(err).strip().splitlines() or [""])[0]
+        reason = first_line(err)
         if token:
             reason = reason.replace(token, "***")
         raise HubPushError(

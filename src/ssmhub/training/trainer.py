@@ -56,6 +56,7 @@ from ..preflight import (
     check_model_config_keys,
     check_output_dir,
     check_stateful_model,
+    first_line,
     make_model_config,
     model_config_class,
 )
@@ -158,7 +159,7 @@ def _saved_model_config(config: TrainConfig):
     try:
         saved = AutoConfig.from_pretrained(where)
     except (OSError, ValueError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = first_line(err) or type(err).__name__
         raise ValueError(f"--model_name_or_path {where!r}: no model config could be loaded ({reason})") from None
     if config.model_type not in (None, saved.model_type):
         raise ValueError(
@@ -209,7 +210,7 @@ def _saved_model_tokenizer(where: str):
     try:
         return load_tokenizer(where)
     except (OSError, ValueError, TypeError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = first_line(err) or type(err).__name__
         raise ValueError(
             f"--model_name_or_path {where!r} has no tokenizer ({reason}); pass --tokenizer, the one that model was "
             "trained with"
