@@ -1,6 +1,7 @@
 """One command for a GPU machine: correctness and speed of ssmhub's fast paths on the device, in one report.
 
-Run on a CUDA machine (about 9 minutes; writes ``benchmarks/results/gpu.md`` with the device name)::
+Run on a CUDA machine (about 8 minutes on an H200; writes ``benchmarks/results/gpu.md`` with the device name after
+every step, and each failing test's traceback to ``gpu_test_failures.md`` beside it as it fails)::
 
     python benchmarks/gpu_suite.py
 
@@ -10,17 +11,19 @@ and on any CPU at tiny sizes, in seconds, so that the suite never rots (``make t
 
 Steps, each reported even when an earlier one failed (the exit status is 1 if any failed):
 
-1. the test suite on the device (``SSMHUB_TEST_DEVICE``: tests/conftest.py makes it torch's default device);
-2. the fused Triton FlashButterfly kernel compiled and checked against a float64 ``torch.fft`` reference
+1. the fused Triton FlashButterfly kernel compiled and checked against a float64 ``torch.fft`` reference
    (long-conv paper §3.3); on a CPU, Triton's interpreter;
-3. ``fft_conv`` backends timed against ``torch.fft`` (torch.fft, Butterfly, Triton) over L;
-4. the chunked selective scan and the parallel block scan against their sequential loops (forward+backward);
-5. decode ms/token for every family, eager and ``torch.compile``-d (a failure to compile is reported).
+2. ``fft_conv`` backends timed against ``torch.fft`` (torch.fft, Butterfly, Triton) over L;
+3. the chunked selective scan and the parallel block scan against their sequential loops (forward+backward);
+4. decode ms/token for every family, eager and ``torch.compile``-d (a failure to compile is reported);
+5. the test suite on the device (``SSMHUB_TEST_DEVICE``: tests/conftest.py makes it torch's default device), last,
+   within ``--test_budget`` seconds, so that a machine's time limit cuts the tests rather than the measurements.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -49,7 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, seconds (what CI runs)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--results_dir", default=None, help="default: benchmarks/results (a temporary folder with --smoke)")
-    p.add_argument("--test_budget", type=int, default=300, help="seconds for step 1's test run")
+    p.add_argument("--test_budget", type=int, default=330, help="seconds for the test run (step 5)")
+    p.add_argument(
+        "--test_workers", type=int, default=None, help="pytest-xdist workers for step 5 (default: 16 on a GPU, else 0)"
+    )
     p.add_argument("--repeats", type=int, default=5)
     return p.parse_args(argv)
 
@@ -95,9 +101,17 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 
 # ----------------------------------------------------------------------------- steps
 def step_tests(args, plan, device) -> str:
-    """The test suite with the device as torch's default device; the last line of pytest's summary."""
-    env = {**os.environ, "SSMHUB_TEST_DEVICE": device.type}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plan["tests"]]
+    """The test suite with the device as torch's default device; the last line of pytest's summary. Each failure's
+    traceback goes to ``gpu_test_failures.md`` in the results folder when it happens (tests/conftest.py)."""
+    failure_log = os.path.join(args.results_dir, "gpu_test_failures.md")
+    if os.path.exists(failure_log):
+        os.remove(failure_log)
+    env = {**os.environ, "SSMHUB_TEST_DEVICE": device.type, "SSMHUB_TEST_FAILURE_LOG": failure_log}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", *plan["tests"]]
+    workers = args.test_workers if args.test_workers is not None else (16 if device.type == "cuda" else 0)
+    if workers and importlib.util.find_spec("xdist") is not None:
+        command += ["-n", str(workers)]  # one CUDA context per worker: the suite's tiny tensors leave the GPU idle
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))  # not workers × all cores
     try:
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.test_budget)
         summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
@@ -105,8 +119,9 @@ def step_tests(args, plan, device) -> str:
     except subprocess.TimeoutExpired:
         summary, status = f"stopped after the {args.test_budget} s budget", "timeout"
     if status != "passed":
-        raise RuntimeError(f"{' '.join(command[3:])}: {status}: {summary}")
-    return f"`SSMHUB_TEST_DEVICE={device.type} pytest {' '.join(plan['tests'])}`: {summary}"
+        logged = open(failure_log, encoding="utf-8").read().count("\n### ") + 1 if os.path.exists(failure_log) else 0
+        raise RuntimeError(f"{' '.join(command[3:])}: {status}: {summary} ({logged} tracebacks in {failure_log})")
+    return f"`SSMHUB_TEST_DEVICE={device.type} pytest {' '.join(command[3:])}`: {summary}"
 
 
 def step_triton(args, plan, device) -> str:
@@ -249,11 +264,11 @@ def step_decode(args, plan, device) -> str:
 
 
 STEPS = [
-    ("Test suite on the device", step_tests),
     ("Triton FlashButterfly against torch.fft", step_triton),
     ("fft_conv backends", step_fft_backends),
     ("Scans against their loops", step_scans),
     ("Decode per family", step_decode),
+    ("Test suite on the device", step_tests),
 ]
 
 
@@ -263,7 +278,9 @@ def main(argv=None) -> int:
     plan = sizes(args.smoke)
     if args.smoke:
         args.repeats = 1  # the smoke run checks that every step runs, not how fast
-    results_dir = args.results_dir or (tempfile.mkdtemp(prefix="gpu-smoke-") if args.smoke else RESULTS_DIR)
+    results_dir = args.results_dir = args.results_dir or (
+        tempfile.mkdtemp(prefix="gpu-smoke-") if args.smoke else RESULTS_DIR
+    )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (no CUDA device)"
     sections, failed = [f"Device: {name}{' (smoke run: tiny sizes)' if args.smoke else ''}"], []
     for title, step in STEPS:
@@ -275,7 +292,8 @@ def main(argv=None) -> int:
             body = f"FAILED: {type(error).__name__}: {error}\n\n```\n{traceback.format_exc(limit=3)}```"
         sections.append(f"## {title}\n\n{body}\n\n({time.perf_counter() - start:.1f} s)")
         print(sections[-1], flush=True)
-    path = write_report("gpu", "ssmhub on a GPU: tests, kernels, scans, decode", sections, results_dir=results_dir)
+        # after every step, so that a run stopped by its machine's time limit keeps the steps it finished
+        path = write_report("gpu", "ssmhub on a GPU: tests, kernels, scans, decode", sections, results_dir=results_dir)
     print(f"wrote {path}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

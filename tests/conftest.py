@@ -11,6 +11,7 @@ import torch
 from ssmhub.data import CACHE_DIR_ENV
 
 TEST_DEVICE_ENV = "SSMHUB_TEST_DEVICE"
+FAILURE_LOG_ENV = "SSMHUB_TEST_FAILURE_LOG"  # benchmarks/gpu_suite.py: each failure's traceback, as it happens
 
 
 def _run_tests_on(device: str) -> None:
@@ -56,3 +57,13 @@ def _hugging_face_caches_in_tmp(tmp_path_factory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def pytest_runtest_logreport(report):
+    """With ``$SSMHUB_TEST_FAILURE_LOG`` set, append each failure's traceback to that file when it happens (in the
+    controlling process under pytest-xdist), so that a run stopped by a time limit still tells why tests failed."""
+    path = os.environ.get(FAILURE_LOG_ENV)
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(f"### {report.nodeid} ({report.when})\n\n```\n{report.longreprtext[-4000:]}\n```\n\n")

@@ -193,12 +193,12 @@ def program_step(program: torch.export.ExportedProgram) -> StepFunction:
 
 def onnx_step(session) -> StepFunction:
     """A step function ``(input_ids, states) -> (logits, states)`` running an ``onnxruntime.InferenceSession`` of
-    the exported file (torch tensors in and out, numpy in between)."""
+    the exported file (torch tensors in and out, numpy in between; what comes out is on ``input_ids``' device)."""
     names = [i.name for i in session.get_inputs()]
 
     def step(input_ids: torch.Tensor, states: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         feeds = {name: t.detach().cpu().numpy() for name, t in zip(names, (input_ids, *states))}
-        logits, *new_states = (torch.from_numpy(a) for a in session.run(None, feeds))
+        logits, *new_states = (torch.from_numpy(a).to(input_ids.device) for a in session.run(None, feeds))
         return logits, new_states
 
     return step

@@ -84,7 +84,7 @@ class ModalForm(nn.Module):
     how many of the ``num_modes`` slots its fit uses (``head_modes``, the rest are zero-residue padding) and
     whether the head is left on exact decoding (``exact_heads``: its fit missed the tolerance)."""
 
-    def __init__(self, num_heads: int, num_modes: int):
+    def __init__(self, num_heads: int, num_modes: int, device=None):
         super().__init__()
         for name, shape in (
             ("log_modulus", (num_heads, num_modes)),
@@ -93,9 +93,9 @@ class ModalForm(nn.Module):
             ("direct", (num_heads,)),
             ("relative_error", (num_heads,)),
         ):
-            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32))
-        self.register_buffer("head_modes", torch.full((num_heads,), num_modes, dtype=torch.long))
-        self.register_buffer("exact_heads", torch.zeros(num_heads, dtype=torch.bool))
+            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
+        self.register_buffer("head_modes", torch.full((num_heads,), num_modes, dtype=torch.long, device=device))
+        self.register_buffer("exact_heads", torch.zeros(num_heads, dtype=torch.bool, device=device))
 
 
 @dataclass
@@ -153,7 +153,7 @@ class H3Mixer(TokenMixer):
     def _register_modal_buffers(self, num_modes: int) -> None:
         """Hold the fitted modal form in a submodule named ``ssm`` (kept float32 on a half-precision load)."""
         self.decode_num_modes = num_modes
-        self.ssm = ModalForm(self.num_heads, num_modes)
+        self.ssm = ModalForm(self.num_heads, num_modes, device=self.out_proj.weight.device)  # beside the weights
 
     @property
     def distilled(self) -> bool:
@@ -192,7 +192,10 @@ class H3Mixer(TokenMixer):
 
     def _head_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(modal head indices, exact head indices) of a distilled layer; a diagonal SSM is all modal."""
-        exact = self.ssm.exact_heads if self.distilled else torch.zeros(self.num_heads, dtype=torch.bool)
+        if self.distilled:
+            exact = self.ssm.exact_heads
+        else:
+            exact = torch.zeros(self.num_heads, dtype=torch.bool, device=self.out_proj.weight.device)
         return (~exact).nonzero().flatten(), exact.nonzero().flatten()
 
     def modal_form(self, heads: torch.Tensor | None = None, modes: int | None = None) -> ModalKernel:
@@ -246,7 +249,7 @@ class H3Mixer(TokenMixer):
         choice = torch.where(meets.any(0), meets.to(torch.int8).argmax(0), len(orders) - 1)  # (H,): first order met
         exact = ~meets.any(0)
         self._store_fits(fits, orders, choice, exact, num_modes)
-        chosen = torch.tensor(orders)[choice]
+        chosen = torch.tensor(orders, device=choice.device)[choice]
         return DistillationReport(
             orders=torch.where(exact, 0, chosen),
             errors=torch.where(exact, 0.0, errors.gather(0, choice[None])[0]),
@@ -286,14 +289,14 @@ class H3Mixer(TokenMixer):
                 )
             for name, value in (("direct", fit.d), ("relative_error", fit.relative_error)):
                 getattr(self.ssm, name)[heads.to(self.ssm.phase.device)] = value[heads].to(self.ssm.phase.device)
-        self.ssm.head_modes.copy_(torch.tensor(orders)[choice].masked_fill(exact, 0))
+        self.ssm.head_modes.copy_(torch.tensor(orders, device=choice.device)[choice].masked_fill(exact, 0))
         self.ssm.exact_heads.copy_(exact)
 
     def kv_state_bytes(self) -> int:
         """Bytes of the long convolution's decode state per sequence (complex64 modes, float32 windows)."""
         layout = self.state_layout(1)
         return sum(
-            torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            torch.Size(shape).numel() * dtype.itemsize
             for name, (shape, dtype) in layout.items()
             if name != "shift_state"
         )
@@ -370,8 +373,12 @@ class H3Mixer(TokenMixer):
         if not self.distilled:
             return self.long_conv(length)
         modal, exact = self._head_split()
-        kernel = self.long_conv(length) if exact.numel() else torch.empty(self.num_heads, length)
-        kernel = kernel.to(self.ssm.phase.device).clone()
+        device = self.ssm.phase.device
+        kernel = (
+            self.long_conv(length).to(device).clone()
+            if exact.numel()
+            else torch.empty(self.num_heads, length, device=device)
+        )
         if modal.numel():
             kernel[modal] = modal_kernel(self.modal_form(modal), length)
         return kernel

@@ -57,13 +57,14 @@ class StackedBranches(NamedTuple):
 def stack_branches(branches) -> StackedBranches:
     """Stack the weights of ``branches`` (:class:`~ssmhub.layers.serpent.ResamplingBranch`, same shapes)."""
     grid_step = torch.stack([b.ssm.grid_step() for b in branches])  # each a 0-dim exp, as in the parallel pass
+    device = grid_step.device
     return StackedBranches(
         step_weight=torch.stack([b.step_proj.weight[0] for b in branches]).double(),
         step_bias=torch.cat([b.step_proj.bias for b in branches]).double(),
         grid_step=grid_step,
         lattice=resampling_lattice(grid_step),
-        one_minus_kappa=torch.tensor([1 - b.resampling_rate for b in branches], dtype=torch.float32),
-        kappa=torch.tensor([b.resampling_rate for b in branches], dtype=torch.float32),
+        one_minus_kappa=torch.tensor([1 - b.resampling_rate for b in branches], dtype=torch.float32, device=device),
+        kappa=torch.tensor([b.resampling_rate for b in branches], dtype=torch.float32, device=device),
         centers=stack([b.ssm.distance_centers for b in branches], middle=True)[None],
         compress_weight=stack([b.compress.weight for b in branches], transpose=True),
         compress_bias=stack([b.compress.bias for b in branches], middle=True),

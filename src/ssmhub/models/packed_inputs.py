@@ -103,7 +103,7 @@ def _starts_from_seq_idx(seq_idx, shape) -> torch.Tensor:
 
 def _starts_from_cu_seq_lens(cu_seq_lens, shape, name) -> torch.Tensor:
     batch_size, length = shape
-    cu = torch.as_tensor(cu_seq_lens).flatten().long()
+    cu = (cu_seq_lens if isinstance(cu_seq_lens, torch.Tensor) else torch.tensor(cu_seq_lens)).flatten().long()
     if batch_size != 1:
         raise ValueError(f"{name} describes one packed row; got a batch of {batch_size} rows (use position_ids)")
     if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != length or (cu[1:] <= cu[:-1]).any():

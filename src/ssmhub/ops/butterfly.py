@@ -183,13 +183,13 @@ def _make_plan(factors: tuple[int, ...], outer_stages: int, device: torch.device
         stages.append(_Stage(block, outer, rest, dft, dft.conj().resolve_conj(), twiddle, conj))
         outer *= block
     # digits (d₁, …, d_p) of a stored position (d₁ most significant) hold frequency d₁ + f₁d₂ + f₁f₂d₃ + …
-    natural = torch.zeros(1, dtype=torch.int64)
+    natural = torch.zeros(1, dtype=torch.int64, device="cpu")  # index tables on the CPU, moved to ``device`` below
     stride = 1
     for block in factors:
-        natural = (natural[:, None] + stride * torch.arange(block)[None, :]).reshape(-1)
+        natural = (natural[:, None] + stride * torch.arange(block, device="cpu")[None, :]).reshape(-1)
         stride *= block
     storage = torch.empty_like(natural)
-    storage[natural] = torch.arange(size)
+    storage[natural] = torch.arange(size, device="cpu")
     partner = storage[(size - natural) % size]
     angle = (-math.pi / size) * natural.double()  # ω_{2M}^k = exp(−2πi·k/(2M))
     pack_twiddle = torch.polar(torch.ones_like(angle), angle).to(torch.complex64)

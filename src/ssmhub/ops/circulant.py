@@ -52,17 +52,19 @@ def conv_circulant(kernel: torch.Tensor, kernel_backward: torch.Tensor | None, n
 
 
 def dft_matrix(size: int, inverse: bool = False, device=None) -> torch.Tensor:
-    """The (size, size) complex64 DFT block ``F[j, k] = exp(∓2πi·jk/size)`` (unnormalised; + for inverse)."""
-    j = torch.arange(size, dtype=torch.int64)
+    """The (size, size) complex64 DFT block ``F[j, k] = exp(∓2πi·jk/size)`` (unnormalised; + for inverse), built on
+    the CPU and moved to ``device`` (default: torch's default device)."""
+    j = torch.arange(size, dtype=torch.int64, device="cpu")
     phase = (j[:, None] * j[None, :]) % size  # exact integer phase, then one float64 rounding
     angle = (2 * math.pi / size) * phase.double() * (1.0 if inverse else -1.0)
-    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64).to(device)
+    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64).to(device or torch.get_default_device())
 
 
 def twiddle_matrix(block: int, rest: int, device=None) -> torch.Tensor:
     """(block, rest) complex64 twiddles ``T[k₁, n₂] = exp(−2πi·k₁n₂/(block·rest))``: the diagonal D between
-    the two DFT factors of a size ``block·rest`` transform (long-conv paper App. C.1's M)."""
+    the two DFT factors of a size ``block·rest`` transform (long-conv paper App. C.1's M); built on the CPU and
+    moved to ``device`` (default: torch's default device)."""
     size = block * rest
-    phase = (torch.arange(block)[:, None] * torch.arange(rest)[None, :]) % size
+    phase = (torch.arange(block, device="cpu")[:, None] * torch.arange(rest, device="cpu")[None, :]) % size
     angle = (-2 * math.pi / size) * phase.double()
-    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64).to(device)
+    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64).to(device or torch.get_default_device())

@@ -595,14 +595,17 @@ def _finish_fit(k64, log_modulus, phase, valid, direct_term: bool, channel_block
     start = 1 if direct_term else 0
     # unused (padding) modes: a harmless pole with zero residue
     log_modulus = torch.where(valid, log_modulus, math.log(0.5)).clamp(max=math.log(MAX_MODULUS)).float()
-    log_modulus = torch.minimum(log_modulus, torch.tensor(math.log(MAX_MODULUS), dtype=torch.float32))
     phase = torch.where(valid, phase, 0.0).float()
     residues = torch.empty(channels, log_modulus.shape[-1], dtype=torch.complex128, device=k64.device)
     for h0 in range(0, channels, channel_block):
         sl = slice(h0, h0 + channel_block)
         residues[sl] = _fit_residues(k64[sl], log_modulus[sl], phase[sl], valid[sl], start)
     residues = residues * valid
-    d = (k64[:, 0] - residues.real.sum(-1)) if direct_term else torch.zeros(channels, dtype=torch.float64)
+    d = (
+        (k64[:, 0] - residues.real.sum(-1))
+        if direct_term
+        else torch.zeros(channels, dtype=torch.float64, device=k64.device)
+    )
     partial = ModalKernel(
         log_modulus=log_modulus,
         phase=phase,

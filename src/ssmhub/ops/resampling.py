@@ -580,7 +580,8 @@ def resampling_lattice(grid_step: torch.Tensor | float) -> ResamplingLattice:
     """Δ (a scalar, or a tensor of them: one per branch or row) snapped to its lattice ``q = 2^(⌊log₂Δ⌋ − 28)``
     elementwise; the numbers of the scalar path for each Δ (a power of two and a division by one are exact).
     ``delta`` carries Δ's gradient straight through. Raises ValueError unless every Δ is positive and finite."""
-    raw = torch.as_tensor(grid_step).to(torch.float64)
+    # a tensor stays on its device (as_tensor would move it to torch's default device, where one is set)
+    raw = (grid_step if isinstance(grid_step, torch.Tensor) else torch.as_tensor(grid_step)).to(torch.float64)
     value = raw.detach()
     if not torch.compiler.is_compiling() and not bool(((value > 0) & torch.isfinite(value)).all()):
         raise ValueError(f"grid_step must be positive and finite (Δ); got {value.tolist()}")
