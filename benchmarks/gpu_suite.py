@@ -227,9 +227,10 @@ def _decode_model(name: str, width: int, layers: int, device):
     return model_class(config).to(device).eval()
 
 
-def _ms_per_token(model, tokens: int, device, repeats: int, compiled_step=None) -> float:
+def _ms_per_token(model, tokens: int, device, repeats: int, compiled_step=None, graphs: bool = False) -> float:
     """Decode time per token; with ``compiled_step`` (the compiled forward) the prompt is prefilled eagerly into a
-    preallocated cache (``model.static_cache``) and every token goes through the compiled step, as in ``generate``."""
+    preallocated cache (``model.static_cache``) and every token goes through the compiled step, as in ``generate``;
+    ``graphs``: the step was compiled with ``mode="reduce-overhead"`` (CUDA graphs), each call a new graph step."""
     prompt = torch.randint(0, 512, (1, 32), device=device)
 
     def decode():
@@ -238,6 +239,8 @@ def _ms_per_token(model, tokens: int, device, repeats: int, compiled_step=None) 
         cache, token = getattr(out, CACHE_FIELD), out.logits[:, -1:].argmax(-1)
         step = model if compiled_step is None else compiled_step
         for _ in range(tokens):
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             out = step(token, cache=cache, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
 
@@ -245,22 +248,40 @@ def _ms_per_token(model, tokens: int, device, repeats: int, compiled_step=None) 
         return 1e3 * timed(decode, device, repeats) / tokens
 
 
+def _cell(measure, *args, **kwargs) -> str:
+    """``measure(*args, **kwargs)`` as a table cell: ms with two decimals, or the first line of its error."""
+    try:
+        return f"{measure(*args, **kwargs):.2f}"
+    except Exception as error:
+        return f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+
+
 def step_decode(args, plan, device) -> str:
-    """Decode ms/token (a 32-token prompt, then greedy tokens one at a time), eager and compiled."""
+    """Decode ms/token (a 32-token prompt, then greedy tokens one at a time): eager, compiled (Inductor) and, on a
+    GPU, compiled with CUDA graphs (what ``generate`` does with a static cache there). A family that fails is
+    reported in its row; an eager failure fails the step after the table is made."""
     width, layers = plan["decode_width"]
+    tokens, repeats = plan["decode_tokens"], args.repeats
     rows = []
     for name in DECODE_FAMILIES:
         model = _decode_model(name, width, layers, device)
-        eager = _ms_per_token(model, plan["decode_tokens"], device, args.repeats)
-        compiled = "not run (--smoke)"
-        if plan["compile"]:
-            try:
-                step = torch.compile(model.forward, fullgraph=True)  # a graph break fails here, reported below
-                compiled = f"{_ms_per_token(model, plan['decode_tokens'], device, args.repeats, step):.2f}"
-            except Exception as error:  # reported, not fatal: the compiled step is issue 28 §1's
-                compiled = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
-        rows.append((name, f"{width}×{layers}", f"{eager:.2f}", compiled))
-    return markdown_table(["family", "width × layers", "eager ms/token", "compiled ms/token"], rows)
+        eager = _cell(_ms_per_token, model, tokens, device, repeats)
+        compiled = graphs = "not run (--smoke)"
+        if plan["compile"]:  # fullgraph: a graph break fails the cell
+            compiled = _cell(
+                _ms_per_token, model, tokens, device, repeats, torch.compile(model.forward, fullgraph=True)
+            )
+            graphs = "not run (no CUDA)"
+        if plan["compile"] and device.type == "cuda":
+            step = torch.compile(model.forward, fullgraph=True, mode="reduce-overhead")
+            graphs = _cell(_ms_per_token, model, tokens, device, repeats, step, graphs=True)
+        rows.append((name, f"{width}×{layers}", eager, compiled, graphs))
+    table = markdown_table(
+        ["family", "width × layers", "eager ms/token", "compiled ms/token", "compiled + CUDA graphs ms/token"], rows
+    )
+    if any(row[2].startswith("failed") for row in rows):
+        raise RuntimeError(f"eager decode failed for a family:\n\n{table}")
+    return table
 
 
 STEPS = [

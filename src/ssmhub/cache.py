@@ -32,7 +32,8 @@ start, in fixed shapes (attention layers: a key/value buffer of a fixed number o
 :meth:`ssmhub.layers.attention.CausalSelfAttention.static_state`). Every forward then writes into the same tensors
 (:meth:`update` copies in place) and the cache's structure never changes, so ``is_compileable`` is True: a decode
 step compiles with ``torch.compile(fullgraph=True)``, and transformers' ``generate`` compiles it itself on an
-accelerator (``compile_config`` elsewhere).
+accelerator (``compile_config`` elsewhere), with CUDA graphs (its default ``mode="reduce-overhead"``): the states
+are marked as static addresses, which a graph that writes into its inputs needs (as transformers' ``StaticCache``).
 
 Persistence and forks: :meth:`RecurrentCache.save` / :meth:`RecurrentCache.load` (a prefilled prompt kept
 on disk, :mod:`ssmhub.cache_files`) and :meth:`RecurrentCache.fork` (an independent copy).
@@ -135,6 +136,7 @@ class RecurrentCache:
         cache = cls(len(states))
         cache.layers = [dict(state) for state in states]
         cache.is_compileable = True
+        _mark_static_addresses(cache.layers)
         return cache
 
     @property
@@ -413,6 +415,8 @@ class RecurrentCache:
         copy.layers = [None if state is None else {n: t.clone() for n, t in state.items()} for state in self.layers]
         copy.seen_tokens = self.seen_tokens
         copy.is_compileable = self.is_compileable
+        if copy.is_compileable:
+            _mark_static_addresses(copy.layers)
         return copy
 
     def save(self, path: str | os.PathLike, model) -> None:
@@ -430,3 +434,13 @@ class RecurrentCache:
         cache = cls(len(layers))
         cache.layers, cache.seen_tokens = layers, seen_tokens
         return cache
+
+
+def _mark_static_addresses(states: list[LayerState | None]) -> None:
+    """Tell ``torch.compile`` that the tensors of a preallocated cache keep their address: a compiled step that
+    writes into them in place can then run as a CUDA graph instead of being skipped for mutating its inputs."""
+    if torch.compiler.is_compiling():
+        return  # not allowed while tracing; the cache is made before the compiled step
+    for state in states:
+        for tensor in (state or {}).values():
+            torch._dynamo.mark_static_address(tensor)
