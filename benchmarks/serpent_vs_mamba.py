@@ -55,7 +55,11 @@ def build(args, rates):
 
     width = args.width - args.width % (1 + len(rates))
     config = ssmhub.SerpentConfig(
-        vocab_size=args.vocab_size, hidden_size=width, num_hidden_layers=args.layers, state_size=16, expand=2,
+        vocab_size=args.vocab_size,
+        hidden_size=width,
+        num_hidden_layers=args.layers,
+        state_size=16,
+        expand=2,
         resampling_rates=rates,
     )
     torch.manual_seed(0)
@@ -163,7 +167,10 @@ def worker(args) -> dict:
 def run_worker(src: str, argv: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), *argv, "--worker"], env=env, check=True, capture_output=True,
+        [sys.executable, os.path.abspath(__file__), *argv, "--worker"],
+        env=env,
+        check=True,
+        capture_output=True,
         text=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])

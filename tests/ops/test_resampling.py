@@ -667,8 +667,10 @@ def test_branches_stepped_at_once_equal_each_branch_alone_bit_for_bit(masked):
     """resampling_step on rows (B, R), Δ one per branch, equals R calls of (B,) rows with the branch's Δ."""
     deltas = torch.tensor([1.0, 0.37, 2.5])
     batch, length, window, hidden = 3, 40, 4, 5
-    steps = torch.stack([_eq13_steps(batch, length, k, d.item(), seed=i) for i, (k, d) in enumerate(
-        zip((0.5, 0.1, 0.9), deltas))], dim=2)  # (B, L, R)
+    steps = torch.stack(
+        [_eq13_steps(batch, length, k, d.item(), seed=i) for i, (k, d) in enumerate(zip((0.5, 0.1, 0.9), deltas))],
+        dim=2,
+    )  # (B, L, R)
     mask = _random_mask(batch, length, seed=1) if masked else None
     x = torch.randn(batch, length, hidden, generator=torch.Generator().manual_seed(2))
     together = resampling_init_state(batch, window, hidden)
