@@ -17,9 +17,13 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MATMUL_PRECISIONS", "float32_math", "float32_matmul_precision"]
+__all__ = ["MATMUL_PRECISIONS", "TINY", "float32_math", "float32_matmul_precision"]
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")
+# Entries below this are noise at float32 resolution (23 orders of magnitude under the 1e-7 that a unit value
+# resolves), but they and their products with weights and gradients fall into the subnormal range (< 1.2e-38),
+# where a CPU multiplies 50× slower; decaying powers λ^k of a long kernel are the usual source.
+TINY = 1e-30
 
 
 def float32_math(fn):
@@ -48,3 +52,4 @@ def float32_matmul_precision(precision: str) -> Iterator[None]:
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
+
