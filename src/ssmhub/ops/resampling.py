@@ -80,11 +80,11 @@ __all__ = [
 
 _LATTICE_BITS = 28  # Δ = b·q with b ∈ [2^28, 2^29]
 MAX_EXACT_TOKENS = 2**24  # t/q ≤ L·2^29 < 2^53 keeps every partial sum exact
-# ε(d)_i = exp(−(d − μ_i)²) is flushed to 0 where (d − μ_i)² > 60 (ε < e^−60 ≈ 9e−27, 19 orders of magnitude under
-# float32's resolution of ε ≤ 1): such values change nothing, but they and their products with weights and
-# gradients are subnormal floats, which CPUs multiply ~50× slower (a (85, L̄)·(L̄, K·G) gradient matmul of θ_Γ took
-# 3 ms instead of 0.05 in a training step).
-FEATURE_FLUSH_SQUARE = 60.0
+# ε(d)_i = exp(−(d − μ_i)²) is computed from (d − μ_i)² clamped at 60, so it never falls below e^−60 ≈ 9e−27 (19
+# orders of magnitude under float32's resolution of ε ≤ 1, and its gradient there is 0): the true value changes
+# nothing, but below ~1e-38 it and its products with weights and gradients are subnormal floats, which CPUs
+# multiply ~50× slower (a (85, L̄)·(L̄, K·G) gradient matmul of θ_Γ took 3 ms instead of 0.05 in a training step).
+FEATURE_FLOOR_SQUARE = 60.0
 
 
 class ResamplingWindows(NamedTuple):
@@ -398,7 +398,7 @@ def gaussian_distance_features(
 
     Returns:
         (..., G) in the centers' dtype (at least float32): the distance is cast down once, after the exact
-        float64 subtraction; 0 where ``(d − μ_i)² > FEATURE_FLUSH_SQUARE`` (no subnormal floats, see there).
+        float64 subtraction; at least ``exp(−FEATURE_FLOOR_SQUARE)`` in valid slots (no subnormal floats, see there).
         Differentiable in distance and centers.
     """
     expected = (*distance.shape, centers.shape[-1] if centers.dim() else 0)
@@ -412,10 +412,10 @@ def gaussian_distance_features(
         raise ValueError(f"valid must have the shape of distance {tuple(distance.shape)}; got {tuple(valid.shape)}")
     dtype = torch.promote_types(centers.dtype, torch.float32)
     square = (distance.to(dtype)[..., None] - centers.to(dtype)) ** 2  # (..., G)
-    keep = square <= FEATURE_FLUSH_SQUARE
+    features = torch.exp(-square.clamp(max=FEATURE_FLOOR_SQUARE))
     if valid is not None:
-        keep = keep & valid[..., None]
-    return torch.where(keep, torch.exp(-square.clamp(max=FEATURE_FLUSH_SQUARE)), 0.0)  # the clamp: no subnormal exp
+        features = torch.where(valid[..., None], features, 0.0)
+    return features
 
 
 def gather_windows(x: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
