@@ -52,4 +52,3 @@ def float32_matmul_precision(precision: str) -> Iterator[None]:
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
-
