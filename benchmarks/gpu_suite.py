@@ -43,6 +43,7 @@ import ssmhub
 from ssmhub.models.cache_argument import CACHE_FIELD
 from ssmhub.ops import block_scan, block_scan_ref, fft_conv, fft_conv_ref, selective_scan, selective_scan_ref
 from ssmhub.ops.triton import can_run
+from ssmhub.preflight import first_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,7 +254,7 @@ def _cell(measure, *args, **kwargs) -> str:
     try:
         return f"{measure(*args, **kwargs):.2f}"
     except Exception as error:
-        return f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        return f"failed: {type(error).__name__}: {first_line(error)[:120]}"
 
 
 def step_decode(args, plan, device) -> str:
@@ -272,9 +273,9 @@ def step_decode(args, plan, device) -> str:
                 _ms_per_token, model, tokens, device, repeats, torch.compile(model.forward, fullgraph=True)
             )
             graphs = "not run (no CUDA)"
-        if plan["compile"] and device.type == "cuda":
-            step = torch.compile(model.forward, fullgraph=True, mode="reduce-overhead")
-            graphs = _cell(_ms_per_token, model, tokens, device, repeats, step, graphs=True)
+            if device.type == "cuda":
+                step = torch.compile(model.forward, fullgraph=True, mode="reduce-overhead")
+                graphs = _cell(_ms_per_token, model, tokens, device, repeats, step, graphs=True)
         rows.append((name, f"{width}×{layers}", eager, compiled, graphs))
     table = markdown_table(
         ["family", "width × layers", "eager ms/token", "compiled ms/token", "compiled + CUDA graphs ms/token"], rows

@@ -71,7 +71,7 @@ def lambda_powers(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, le
     """``Λ^k`` for ``k = start .. start+length-1`` as a complex64 (..., N, length) tensor (see
     :func:`_powers_complex128`); 0 where ``|Λ^k|`` is below :data:`~ssmhub.ops.precision.TINY` (no subnormal floats)."""
     powers = _powers_complex128(log_modulus, phase, start, length).to(torch.complex64)
-    return _flush_tiny_powers(powers, _underflowed(log_modulus, start, length))
+    return _flush_underflowed(powers, log_modulus, start, length)
 
 
 def _fine_powers(log_modulus: torch.Tensor, phase: torch.Tensor, length: int) -> torch.Tensor:
@@ -109,34 +109,23 @@ def _vandermonde_planes(
     powers = torch.view_as_real(_powers_complex128(log_modulus, phase, start, length, fine))  # (N, C, 2)
     planes = torch.empty(2, powers.shape[0], length, device=powers.device)  # (2, N, C) float32
     planes.copy_(powers.permute(2, 0, 1))  # one strided copy that also casts
-    if planes.requires_grad:
-        return _flush_tiny_powers(planes, _underflowed(log_modulus, start, length)).flatten(0, 1)  # (2N, C)
-    first = _first_underflow(log_modulus)  # (N,)
-    rows = (first < start + length).nonzero().flatten()  # the modes that pass TINY within these taps
-    if rows.numel():  # only their rows are masked: at short lengths there are few or none
-        taps = torch.arange(start, start + length, device=planes.device, dtype=torch.float64)
-        planes[:, rows] = planes[:, rows].masked_fill_(taps >= first[rows, None], 0.0)
-    return planes.flatten(0, 1)  # (2N, C)
+    return _flush_underflowed(planes, log_modulus, start, length).flatten(0, 1)  # (2N, C)
 
 
-def _first_underflow(log_modulus: torch.Tensor) -> torch.Tensor:
-    """(..., N) float64: the tap k from which ``|Λ^k| = exp(k·log_modulus)`` is below TINY (|Λ| = 1: never)."""
-    return math.log(TINY) / log_modulus.detach().double().clamp(max=-1e-300)
-
-
-def _underflowed(log_modulus: torch.Tensor, start: int, length: int) -> torch.Tensor:
-    """(..., N, length) bool: where ``|Λ^k| < TINY``, k = start .. start+length-1 (a suffix of each mode's taps)."""
-    taps = torch.arange(start, start + length, device=log_modulus.device, dtype=torch.float64)
-    return taps >= _first_underflow(log_modulus).unsqueeze(-1)
-
-
-def _flush_tiny_powers(powers: torch.Tensor, underflowed: torch.Tensor) -> torch.Tensor:
-    """``powers`` (..., N, C) complex or its (2, N, C) real planes, set to 0 where ``underflowed`` (N, C): in place
-    without autograd, else as a product with the mask, so that the kept entries' gradients stay exact (zeroing a
-    value in place would zero its derivative too) and the dropped ones' are below TINY·k."""
+def _flush_underflowed(powers: torch.Tensor, log_modulus: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """``Λ^k`` for k = start .. start+length-1, as (..., N, C) complex or (2, N, C) real and imaginary planes, set
+    to 0 where ``|Λ^k| = exp(k·log_modulus) < TINY`` (a suffix of each mode's taps; log_modulus (N,)). Without
+    autograd in place, on the rows of the modes that reach it (at short lengths few or none); with autograd as a
+    product with the mask, so that the kept entries' gradients stay exact (zeroing a value in place would zero its
+    derivative too) and the dropped ones' are below TINY·k."""
+    first = math.log(TINY) / log_modulus.detach().double().clamp(max=-1e-300)  # (N,) first such k; |Λ| = 1: never
+    taps = torch.arange(start, start + length, device=powers.device, dtype=torch.float64)  # (C,)
     if powers.requires_grad:
-        return powers * ~underflowed
-    return powers.masked_fill_(underflowed, 0.0)
+        return powers * (taps < first[:, None])
+    rows = (first < start + length).nonzero().flatten()
+    if rows.numel():
+        powers[..., rows, :] = powers[..., rows, :].masked_fill_(taps >= first[rows, None], 0.0)
+    return powers
 
 
 def _chunks(length: int, state_size: int) -> list[tuple[int, int]]:
