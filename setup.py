@@ -28,6 +28,7 @@ setup(
         "dev": [
             "pytest>=8",
             "pytest-timeout",
+            "pytest-random-order",  # make test-portable shuffles the order (inert without --random-order)
             "ruff>=0.6",
             "tensorboard",
             "peft>=0.17",  # examples/peft (LoRA); depends on torch, which the Makefile installs first (CPU wheel)

@@ -34,7 +34,7 @@ def _tiny_h3(folder) -> ssmhub.H3ForCausalLM:
 
 def test_the_truncated_copy_keeps_the_first_taps_and_zeros_the_rest(tmp_path):
     model = _tiny_h3(tmp_path / "exact")
-    truncated_copy(str(tmp_path / "exact"), 8, str(tmp_path / "cut"))  # checks equal logits on 8 tokens itself
+    truncated_copy(str(tmp_path / "exact"), 8, str(tmp_path / "cut"))  # checks itself that the logits on 8 tokens agree
     cut = ssmhub.H3ForCausalLM.from_pretrained(tmp_path / "cut").eval()
     assert cut.config.max_kernel_length == 8
     originals = [m for m in model.modules() if type(m).__name__ == "LongConvKernel" and m.max_kernel_length == 48]
@@ -42,6 +42,8 @@ def test_the_truncated_copy_keeps_the_first_taps_and_zeros_the_rest(tmp_path):
     assert len(originals) == len(cuts) == 2
     with torch.no_grad():
         for original, short in zip(originals, cuts):
+            # the cut's raw taps are a copy of the original's regularized ones, which this process computes again
+            # by the same op on the same weights: exact
             assert torch.equal(short(48)[:, :8], original(48)[:, :8])
             assert not short(48)[:, 8:].any() and original(48)[:, 8:].abs().sum() > 0
         ids = torch.randint(0, 32, (1, 40))

@@ -25,7 +25,7 @@ def test_the_whole_prefix_advances_the_stream_as_the_real_step_does():
         for pieces in range(5):
             y, prefix = serpent_step_breakdown.prefix_step(pieces)(weights, x[:, 8], stacked, None)
             assert y.shape == (2, 2, mixer.branch_size) and not y.any()
-            for name in STREAM_FIELDS:
+            for name in STREAM_FIELDS:  # the prefix runs the real step's ops on the same inputs, in this call: exact
                 assert torch.equal(prefix[name], real[name] if pieces >= 2 else stacked[name])
 
 

@@ -1,4 +1,5 @@
-"""RecurrentCache: in-place updates, beam reordering, fixed memory."""
+"""RecurrentCache: in-place updates, beam reordering, fixed memory. The states here are small integers, stored,
+copied and reordered (no arithmetic that rounds), so they are compared exactly."""
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ def test_reorder_and_repeat_rows():
     cache = RecurrentCache(1)
     cache.update(0, {"s": torch.arange(3.0)[:, None].repeat(1, 2), "c": torch.arange(3)[:, None] * (1 + 1j)})
     cache.reorder_cache(torch.tensor([2, 2, 0]))
+    # reordering and repeating rows copy them: the stored values, exactly
     assert cache.get(0)["s"][:, 0].tolist() == [2.0, 2.0, 0.0]
     assert cache.get(0)["c"][:, 0].real.tolist() == [2.0, 2.0, 0.0]
     cache.batch_repeat_interleave(2)
@@ -114,7 +116,7 @@ def test_records_survive_in_place_updates_and_follow_beam_reordering():
     _forward(cache, [9], rows=2)
     cache.reorder_cache(torch.tensor([1, 1]))
     cache.crop(-1)
-    assert cache.get(0)["s"][:, 0].tolist() == [2.0, 2.0]
+    assert cache.get(0)["s"][:, 0].tolist() == [2.0, 2.0]  # the recorded rows restored: a copy, exact
 
 
 @pytest.mark.parametrize("bad", [-4, 7, 2.0, torch.tensor(-1.0), torch.tensor([-1, -1])])
@@ -163,5 +165,6 @@ def test_a_crop_leaves_its_replay_to_the_next_forward_or_the_next_read():
             assert cache.take_pending() is None and cache.get_seq_length() == 5
         else:
             inputs, mask = cache.take_pending()
+            # the recorded inputs handed back: a copy, exact
             assert inputs[0, :, 0].tolist() == [4.0, 5.0] and mask is None and cache.get_seq_length() == 3
             assert cache.get(0)["s"].eq(0).all()  # the state before the recorded forward, not yet replayed

@@ -15,17 +15,20 @@ few hooks ``generate`` uses are implemented (``get_seq_length``, ``is_linear``, 
 assisted and prompt-lookup decoding ``activate_past_recording``, ``is_croppable`` and ``crop``), so it does
 not depend on the internals of transformers' ``Cache`` classes, which changed five times in two years.
 
-Exact rollback. A recurrent state cannot be rewound, so while recording (:meth:`RecurrentCache.
+Rollback. A recurrent state cannot be rewound, so while recording (:meth:`RecurrentCache.
 activate_past_recording`, which transformers' assisted decoding calls) a forward files a record with the cache: each
 layer's state before it and the forward's first-layer inputs (B, L, H). The forward itself is an ordinary parallel
 one, so checking k draft tokens costs one forward, not k steps. :meth:`RecurrentCache.crop` to the state after j of
 its tokens puts back the states before it and replays its first j inputs through the layers: the model's next
 forward runs them ahead of its own tokens (:meth:`RecurrentCache.take_pending`), so a round of assisted decoding
 still costs one forward, and anything that reads the states before that replays them at once (one ordinary forward).
-The cache then holds exactly the bits of a cache that was fed those j tokens (and, when merged, the next forward's
-in the same pass). The records live until the next ``crop``; without recording a forward files nothing and the cache
-keeps nothing. A field that grows with the tokens (attention's keys, values and key mask) is not copied: keys are
-only ever appended, so its snapshot is the length of a prefix of the live tensor.
+The cache then holds the states of a cache that was fed those j tokens (and, when merged, the next forward's in the
+same pass), to float32 round-off: the replay runs the same layers on the same inputs, but inside a forward of
+another length, whose BLAS and FFT kernels may block and round the sums differently (by thread count, instruction
+set, device). So greedy assisted decoding gives plain greedy's tokens unless two logits tie within that round-off.
+The records live until the next ``crop``; without recording a forward files nothing and the cache keeps nothing. A
+field that grows with the tokens (attention's keys, values and key mask) is not copied: keys are only ever appended,
+so its snapshot is the length of a prefix of the live tensor.
 
 Static decoding: :meth:`RecurrentCache.preallocated` makes a cache whose every layer holds its state from the
 start, in fixed shapes (attention layers: a key/value buffer of a fixed number of tokens, see
@@ -122,18 +125,22 @@ class RecurrentCache:
         self._layers: list[dict[str, torch.Tensor] | None] = [None] * num_layers
         self._pending: tuple | None = None  # (inputs, mask, replay) a crop left for the next forward to absorb
         self.seen_tokens = 0
+        self.max_length: int | None = None  # a preallocated cache's bound on its tokens, if it has one
         self.record_past = False
         self._records: list[_Record] = []  # the recording forwards since the last crop, oldest first
         self._recording: tuple | None = None  # (inputs, mask, replay) of the recording forward under way
         self._incoming: list[dict | None] = []  # per layer, its state before the recording forward
 
     @classmethod
-    def preallocated(cls, states: list[LayerState]) -> RecurrentCache:
+    def preallocated(cls, states: list[LayerState], max_length: int | None = None) -> RecurrentCache:
         """A cache holding ``states`` (one fixed-shape dict per layer, each the state before the first token) from
-        the start, updated in place by every forward: what a compiled decode step needs (``is_compileable``)."""
+        the start, updated in place by every forward: what a compiled decode step needs (``is_compileable``).
+        ``max_length``: the tokens its fixed buffers hold (attention's key/value slots), checked on the host by
+        :meth:`check_room` before each forward; None: no bound (recurrent states only)."""
         if not states or any(not isinstance(state, dict) or not state for state in states):
             raise ValueError("states must be a non-empty list with one non-empty dict of tensors per layer")
         cache = cls(len(states))
+        cache.max_length = max_length
         cache.layers = [dict(state) for state in states]
         cache.is_compileable = True
         _mark_static_addresses(cache.layers)
@@ -231,6 +238,15 @@ class RecurrentCache:
             self._records.append(_Record(self.seen_tokens, self._incoming, inputs, mask, replay))
             self._incoming = []
         self.seen_tokens += num_tokens
+
+    def check_room(self, num_tokens: int) -> None:
+        """Raise ValueError when ``num_tokens`` more would overflow a preallocated cache's buffers (host integers:
+        nothing is read back from the device)."""
+        if self.max_length is not None and self.seen_tokens + num_tokens > self.max_length:
+            raise ValueError(
+                f"the static cache holds {self.max_length} tokens; it has {self.seen_tokens} and got {num_tokens} "
+                f"more (preallocate a larger max_length)"
+            )
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Number of tokens (padding included) the cache has absorbed."""
@@ -386,7 +402,7 @@ class RecurrentCache:
     def reset(self) -> None:
         """Forget every state (the next forward starts a fresh sequence; a preallocated cache stops being one)."""
         self.layers = [None] * len(self._layers)
-        self.is_compileable = False
+        self.is_compileable, self.max_length = False, None
         self.seen_tokens = 0
         self._drop_records()
 
@@ -413,7 +429,7 @@ class RecurrentCache:
         so that several continuations can start from one prefilled prompt."""
         copy = RecurrentCache(len(self._layers))
         copy.layers = [None if state is None else {n: t.clone() for n, t in state.items()} for state in self.layers]
-        copy.seen_tokens = self.seen_tokens
+        copy.seen_tokens, copy.max_length = self.seen_tokens, self.max_length
         copy.is_compileable = self.is_compileable
         if copy.is_compileable:
             _mark_static_addresses(copy.layers)

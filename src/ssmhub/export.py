@@ -145,8 +145,7 @@ def export_decode_step(model, batch_size: int = 1, max_length: int = 2048) -> to
     """``torch.export.export`` of :class:`DecodeStep`: call ``program.module()(input_ids, *states)``. The model
     is put in eval mode (no dropout). A ValueError names the argument for a model that is not an ssmhub causal LM,
     a layer that cannot decode (a bidirectional one) or a bad size, before anything is traced."""
-    step = DecodeStep(model, batch_size, max_length)
-    model.eval()
+    step = DecodeStep(model, batch_size, max_length).eval()  # the wrapper too: no dropout, no training-mode warning
     with torch.no_grad():
         return torch.export.export(step, step.example_inputs())
 
@@ -160,8 +159,7 @@ def export_decode_step_onnx(
     path = Path(path)
     if path.suffix != ".onnx":
         raise ValueError(f"path must name an .onnx file; got {str(path)!r}")
-    step = DecodeStep(model, batch_size, max_length)
-    model.eval()
+    step = DecodeStep(model, batch_size, max_length).eval()  # the wrapper too: no dropout, no training-mode warning
     kwargs = {} if opset_version is None else {"opset_version": opset_version}
     with torch.no_grad():
         program = torch.onnx.export(

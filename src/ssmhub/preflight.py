@@ -208,27 +208,32 @@ def make_model_config(config_class: type, fields: Mapping[str, Any]):
 
 
 def check_stateful_model(
-    config, subject: str, other_model_fix: str, window_fix: str, attention_window: int | None = None
+    config,
+    subject: str,
+    other_model_fix: str,
+    window_fix: str,
+    attention_window: int | None = None,
+    caller: str = "--stateful",
 ) -> None:
     """Raise ValueError unless a model of ``config`` can carry its state through a whole document (``--stateful``):
     only ssmhub models have a cache of fixed size, and a hybrid's attention layers only with a sliding window
     (``attention_window``, else the config's).
 
     Args: subject names the model in the message (``"model runs/x"``); ``other_model_fix`` and ``window_fix`` say
-    how to fix each case with the calling tool's options.
+    how to fix each case with the calling tool's options; ``caller`` opens the message (the option or function).
     """
     from .models.auto import FAMILIES
 
     model_type = getattr(config, "model_type", "")
     if model_type not in FAMILIES:
         raise ValueError(
-            f"--stateful needs an ssmhub recurrent model ({', '.join(sorted(FAMILIES))}), whose cache has a fixed "
+            f"{caller} needs an ssmhub recurrent model ({', '.join(sorted(FAMILIES))}), whose cache has a fixed "
             f"size; {subject} is a {model_type!r} model: {other_model_fix}"
         )
     attention_layers = list(getattr(config, "attention_layers", None) or [])
     window = attention_window if attention_window is not None else getattr(config, "attention_window", None)
     if attention_layers and window is None:
         raise ValueError(
-            f"--stateful: {subject} has attention layers {attention_layers}, whose cache would keep every key and "
+            f"{caller}: {subject} has attention layers {attention_layers}, whose cache would keep every key and "
             f"value of a document; {window_fix}"
         )

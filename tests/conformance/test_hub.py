@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from comparisons import MODEL_REL, same_values
 from conftest import auto_class, auto_class_name, every_head, random_ids
 from transformers import (
     AutoConfig,
@@ -46,8 +47,9 @@ def test_save_load_round_trip(any_model, tmp_path):
     assert type(loaded) is type(any_model)
     assert list(loaded.state_dict()) == list(any_model.state_dict())
     for (name, a), (_, b) in zip(any_model.state_dict().items(), loaded.state_dict().items()):
-        assert torch.equal(a, b), f"{name} changed on load (re-initialized?)"
-    torch.testing.assert_close(loaded(ids).logits, any_model(ids).logits, atol=0, rtol=0)
+        assert torch.equal(a, b), f"{name} changed on load (re-initialized?)"  # a copy of the tensor: exact
+    # the same weights, but the reloaded model's forward is a computation of its own: within float32 round-off
+    same_values(loaded(ids).logits, any_model(ids).logits, what="logits of the reloaded model")
 
 
 def test_config_round_trip(family, tmp_path):
@@ -55,13 +57,15 @@ def test_config_round_trip(family, tmp_path):
     config.save_pretrained(tmp_path)
     loaded = AutoConfig.from_pretrained(tmp_path)
     assert type(loaded) is family.config_class
+    # a copy: JSON writes a float's shortest repr, which reads back as the same float
     assert {**loaded.to_dict(), "_name_or_path": ""} == {**config.to_dict(), "_name_or_path": ""}
 
 
 def test_folder_loads_as_remote_code_without_ssmhub(family, tmp_path):
     """The saved folder of each head the family has carries its code: a Python where ``import ssmhub``
-    fails loads it through its Auto class with trust_remote_code=True and gets the same logits (and
-    the causal LM generates)."""
+    fails loads it through its Auto class with trust_remote_code=True and gets the same logits within float32
+    round-off (``MODEL_REL`` of the largest: another process, whose thread count and kernels may differ), and the
+    causal LM generates."""
     ids = random_ids(2, 9)
     heads = every_head(family)
     for name, model in heads.items():
@@ -81,7 +85,8 @@ def test_folder_loads_as_remote_code_without_ssmhub(family, tmp_path):
             model = getattr(transformers, name).from_pretrained({str(tmp_path)!r} + "/" + name, trust_remote_code=True)
             model = model.to(expected["ids"].device)  # the device the expected logits came from
             assert not type(model).__module__.startswith("ssmhub"), type(model).__module__
-            torch.testing.assert_close(model(expected["ids"]).logits, logits, atol=1e-6, rtol=1e-6)
+            scale = logits.abs().max().item() or 1.0
+            torch.testing.assert_close(model(expected["ids"]).logits, logits, atol={MODEL_REL} * scale, rtol=0)
             if name == "AutoModelForCausalLM":
                 out = model.generate(expected["ids"], max_new_tokens=3, do_sample=False, pad_token_id=0)
                 assert out.shape == (2, 12)

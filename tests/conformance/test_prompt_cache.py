@@ -1,6 +1,7 @@
 """Prompt caches that persist, every family with a causal LM: a prefilled document saved, loaded later and continued
 gives exactly what continuing after re-prefilling gives (greedy, prompt lookup, assisted); forks are independent; a
-cache loaded into another model, dtype or batch size is refused by name."""
+cache loaded into another model, dtype or batch size is refused by name. The oracles compare greedy token ids, which
+are exact."""
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def test_a_loaded_cache_continues_as_a_re_prefill(family, tmp_path):
     prompt = torch.cat([document, question], 1)
     continued = model.generate(prompt, max_new_tokens=6, do_sample=False, **{CACHE_FIELD: loaded})
     re_prefilled = model.generate(prompt, max_new_tokens=6, do_sample=False, **{CACHE_FIELD: prefill(model, document)})
-    assert torch.equal(continued, re_prefilled)
+    assert torch.equal(continued, re_prefilled)  # greedy token ids: exact
     assert torch.equal(continued, model.generate(prompt, max_new_tokens=6, do_sample=False))
 
 
@@ -50,7 +51,7 @@ def test_lookup_and_assisted_decoding_continue_a_loaded_cache(family, tmp_path):
     for extra in ({"prompt_lookup_num_tokens": 3}, {"assistant_model": draft}):
         loaded = ssmhub.RecurrentCache.load(tmp_path / "doc.safetensors", model)
         out = model.generate(prompt, max_new_tokens=8, do_sample=False, **extra, **{CACHE_FIELD: loaded})
-        assert torch.equal(out, plain), extra
+        assert torch.equal(out, plain), extra  # greedy token ids: exact
 
 
 @torch.no_grad()
@@ -62,7 +63,7 @@ def test_forks_are_independent_continuations():
     for seed in (1, 2):
         prompt = torch.cat([document, random_ids(1, 2, seed=seed)], 1)
         answers.append(model.generate(prompt, max_new_tokens=4, do_sample=False, **{CACHE_FIELD: cache.fork()}))
-        assert torch.equal(answers[-1], model.generate(prompt, max_new_tokens=4, do_sample=False))
+        assert torch.equal(answers[-1], model.generate(prompt, max_new_tokens=4, do_sample=False))  # token ids
     assert cache.get_seq_length() == 8
 
 

@@ -5,11 +5,14 @@ window's final states in it, graph included; ``cache.detach_()`` truncates the g
 windows' logits and per-token losses equal one long forward's; the gradient of a window's loss is the full
 one while the graph is kept and the truncated one after ``detach_``; ``position_ids`` 0 inside a window (or at
 its first token) starts that row's next document from a fresh state, as a forward of that document alone.
+Windows and one long forward are different computations (other lengths, FFT sizes and reduction orders): they
+agree within float32 round-off of a whole model, ``MODEL_REL`` for logits and losses and ``MODEL_GRAD_REL`` for
+gradients (tests/comparisons.py derives both).
 """
 
 import pytest
 import torch
-from comparisons import scaled_close
+from comparisons import MODEL_GRAD_REL, same_values, scaled_close
 from conftest import random_ids
 
 from ssmhub import RecurrentCache
@@ -50,7 +53,7 @@ def test_windows_through_the_cache_equal_one_long_forward(family):
     full = model(ids).logits
     cache = RecurrentCache(model.config.num_hidden_layers)
     windows = _windows(model, ids, cache)
-    scaled_close(torch.cat(windows, 1), full, what="logits")
+    same_values(torch.cat(windows, 1), full, what="logits")
     # the per-token losses too: a window's shift_labels carry the next window's first token as its last label
     labels = _next_tokens(ids)
     long_losses = torch.nn.functional.cross_entropy(full.flatten(0, 1), labels.flatten(), reduction="none")
@@ -59,7 +62,7 @@ def test_windows_through_the_cache_equal_one_long_forward(family):
         loss = model.loss_function(logits, None, vocab_size=model.config.vocab_size, shift_labels=window_labels)
         expected = long_losses.view(2, LENGTH)[:, k * WINDOW : (k + 1) * WINDOW]
         expected = expected[window_labels != -100].mean()
-        scaled_close(loss, expected, what=f"loss of window {k}")
+        same_values(loss, expected, what=f"loss of window {k}")
     assert cache.get_seq_length() == LENGTH
 
 
@@ -81,7 +84,7 @@ def test_the_cache_keeps_the_graph_until_detach(family):
     full_grads = torch.autograd.grad((full * weights).sum(), params, allow_unused=True)
     for got, expected in zip(kept, full_grads):  # graph kept: backpropagation through all windows
         if expected is not None:
-            scaled_close(got, expected, what="gradient through every window")
+            scaled_close(got, expected, rel=MODEL_GRAD_REL, what="gradient through every window")
     truncated, _ = _window_loss_gradients(model, ids, detach=True)
     with torch.no_grad():  # the last window's initial states, computed without a graph
         cache = RecurrentCache(model.config.num_hidden_layers)
@@ -91,8 +94,10 @@ def test_the_cache_keeps_the_graph_until_detach(family):
     differs = False
     for got, expected, whole in zip(truncated, alone_grads, full_grads):
         if expected is not None:
-            scaled_close(got, expected, what="gradient truncated at the window's start")
-            differs = differs or not torch.allclose(got, whole)
+            scaled_close(got, expected, rel=MODEL_GRAD_REL, what="gradient truncated at the window's start")
+            # truncation moves some gradient by more than the round-off allowed above (measured: 4e-2 to 2e2 of
+            # the largest entry, against round-off of 1e-7 to 2e-5)
+            differs = differs or (got - whole).abs().max() > MODEL_GRAD_REL * whole.abs().max()
     assert differs, "detach_ did not truncate any gradient"
 
 
@@ -110,7 +115,7 @@ def test_a_kept_graph_is_freed_by_backward_so_a_loop_must_detach(family):
 
 def test_a_row_starts_its_next_document_fresh_inside_a_window(family):
     """Row 0 continues its document for 3 tokens, then starts a new one; row 1 starts a new one at the
-    window's first token: both new documents get exactly what they get alone."""
+    window's first token: both new documents get what they get alone, within float32 round-off."""
     model = _training_lm(family)
     ids = random_ids(2, 2 * WINDOW)
     cache = RecurrentCache(model.config.num_hidden_layers)
@@ -119,10 +124,10 @@ def test_a_row_starts_its_next_document_fresh_inside_a_window(family):
     window = ids[:, WINDOW:]
     position_ids = torch.tensor([[WINDOW, WINDOW + 1, WINDOW + 2, *range(WINDOW - 3)], list(range(WINDOW))])
     logits = model(window, cache=cache, use_cache=True, position_ids=position_ids).logits
-    scaled_close(logits[0, 3:], model(window[:1, 3:]).logits[0], what="a document started inside the window")
-    scaled_close(logits[1], model(window[1:]).logits[0], what="a document started at the window's first token")
+    same_values(logits[0, 3:], model(window[:1, 3:]).logits[0], what="a document started inside the window")
+    same_values(logits[1], model(window[1:]).logits[0], what="a document started at the window's first token")
     continued = model(ids[:1]).logits[0, WINDOW : WINDOW + 3]
-    scaled_close(logits[0, :3], continued, what="the continued document")
+    same_values(logits[0, :3], continued, what="the continued document")
 
 
 def test_gradient_checkpointing_keeps_a_given_cache(family):
@@ -131,7 +136,7 @@ def test_gradient_checkpointing_keeps_a_given_cache(family):
     expected = torch.cat(_windows(model, ids, RecurrentCache(model.config.num_hidden_layers)), 1)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     got = torch.cat(_windows(model, ids, RecurrentCache(model.config.num_hidden_layers)), 1)
-    scaled_close(got, expected, what="logits with gradient checkpointing")
+    same_values(got, expected, what="logits with gradient checkpointing")
     got.sum().backward()
 
 

@@ -47,6 +47,7 @@ def gen(seed: int = 0) -> torch.Generator:
 
 def test_normalize_max_divides_each_sample_by_its_largest_magnitude():
     x = tensor([[1, -4, 2], [0.5, 0.25, -0.125]])
+    # dividing by a power of two (4, 0.5) is exact in float32: so is the comparison
     assert torch.equal(normalize_max(x), tensor([[0.25, -1, 0.5], [1, 0.5, -0.25]]))
 
 
@@ -59,6 +60,8 @@ def test_position_features_are_cos_sin_of_2_pi_i_over_the_actual_length():
 
 
 def test_shift_targets_by_hand():
+    # Shift, CumMax, Reverse, Sort, Select, Solve's layout and MIPS (below) move input values without arithmetic
+    # (copies, gathers; orders decided by exact comparisons): their targets are compared exactly.
     x = tensor([[1, 2, 3, 4]])
     expected = tensor([[[1, 0], [2, 0], [3, 1], [4, 2]]])  # shifts 0 and L/C = 2
     assert torch.equal(shift_targets(x, 2), expected)
@@ -88,7 +91,7 @@ def test_select_targets_by_hand():
 
 def test_mips_targets_by_hand_and_only_look_left():
     k = tensor([[[1, 0], [0, 1], [-1, 0]]])
-    q = tensor([[[0, 1], [0, 1], [-1, 0]]])  # q_0 would prefer k_1, which is to its right
+    q = tensor([[[0, 1], [0, 1], [-1, 0]]])  # q_0 would prefer k_1, which is to its right; scores 0, ±1 are exact
     v = tensor([[[1, 0], [0, 1], [0.6, 0.8]]])
     expected = tensor([[[1, 0], [0, 1], [0.6, 0.8]]])  # i' = 0, 1, 2
     assert torch.equal(mips_targets(q, k, v), expected)
@@ -179,7 +182,7 @@ def test_regression_batches_have_the_papers_shapes_position_features_and_seeds(n
     assert (task.input_length, task.input_dim, task.output_length, task.output_dim) == SHAPES[name]
     assert inputs.dtype == targets.dtype == torch.float32
     assert torch.allclose(inputs[..., -2:], position_features(length).expand(5, -1, -1))
-    again = task.sample(5, gen(3))
+    again = task.sample(5, gen(3))  # the same op on the same seed, in this process: the same bits
     assert torch.equal(inputs, again[0]) and torch.equal(targets, again[1])
     assert not torch.equal(inputs, task.sample(5, gen(4))[0])
 
@@ -201,7 +204,7 @@ def test_reverse_and_sort_pad_l_zeros_on_the_right(name):
     x = inputs[:, :16, 0]
     assert torch.all(inputs[:, 16:, 0] == 0) and torch.allclose(x.abs().amax(-1), torch.ones(3))
     expected = reverse_targets(x) if name == "reverse" else sort_targets(x)
-    assert torch.equal(targets[..., 0], expected)
+    assert torch.equal(targets[..., 0], expected)  # copies of x's values
 
 
 def test_select_marks_m_sorted_positions_and_pads_m_zeros():
@@ -214,14 +217,14 @@ def test_select_marks_m_sorted_positions_and_pads_m_zeros():
     assert torch.all(marker.sum(-1) == 4)
     for row in range(6):
         positions = marker[row].nonzero()[:, 0]
-        assert torch.equal(targets[row, :, 0], values[row, positions])
+        assert torch.equal(targets[row, :, 0], values[row, positions])  # copies of the selected values
     assert not torch.equal(marker[0], marker[1])  # Select: positions vary per sample
 
 
 def test_select_fixed_uses_one_set_of_positions_for_every_sample_and_call():
     task = get_synthetic_task("select_fixed", 20, num_selected=4)
     first, second = task.sample(3, gen(0))[0][..., 1], task.sample(2, gen(9))[0][..., 1]
-    assert torch.equal(first[0], first[1]) and torch.equal(first[0], second[0])
+    assert torch.equal(first[0], first[1]) and torch.equal(first[0], second[0])  # 0/1 markers
     assert torch.equal(first[0].nonzero()[:, 0], task.fixed_positions())
     other = get_synthetic_task("select_fixed", 20, num_selected=4, fixed_seed=1)
     assert not torch.equal(other.fixed_positions(), task.fixed_positions())
@@ -232,7 +235,14 @@ def test_mips_rows_are_unit_vectors_and_targets_follow_the_causal_argmax():
     q, k, v = inputs[..., 0:4], inputs[..., 4:8], inputs[..., 8:12]
     for part in (q, k, v):
         assert torch.allclose(part.norm(dim=-1), torch.ones(3, 16))
-    assert torch.equal(targets, mips_targets(q, k, v))
+    # The causal argmax, from float64 scores (4-term dot products of float32 values: exact products, sums within
+    # 1e-15). Every best key leads the runner-up by far more than float32's round-off of a score (~4 EPS32 = 5e-7),
+    # so the sampler's float32 argmax picks the same key on any kernel, and its targets are copies of those v rows.
+    scores = (q.double() @ k.double().transpose(1, 2)).masked_fill(torch.ones(16, 16).triu(1).bool(), -math.inf)
+    top2 = scores[:, 1:].topk(2, dim=-1).values  # query 0 sees a single key
+    assert (top2[..., 0] - top2[..., 1]).min() > 1e-4
+    best = scores.argmax(-1)  # (3, 16)
+    assert torch.equal(targets, v.gather(1, best[..., None].expand(-1, -1, 4)))
     assert torch.equal(targets[:, 0], v[:, 0])  # the first query can only see the first key
 
 
@@ -259,7 +269,7 @@ def test_solve_inputs_hold_an_orthonormal_system_and_its_unit_solution(name):
     assert torch.allclose(a @ a.transpose(1, 2), torch.eye(n).expand(3, n, n), atol=1e-5)
     assert torch.allclose(solution.norm(dim=-1), torch.ones(3), atol=1e-6)
     assert torch.allclose((a @ solution[..., None])[..., 0], b, atol=1e-6)
-    assert torch.equal(a[0], a[1]) == (name == "solve_fixed")
+    assert torch.equal(a[0], a[1]) == (name == "solve_fixed")  # Solve-Fixed repeats one matrix: a copy
     if name == "solve_fixed":
         assert torch.allclose(a[0], task.fixed_matrix())
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from comparisons import MODEL_REL
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 import ssmhub
@@ -81,7 +82,8 @@ def test_stateful_scores_whole_books_and_names_the_protocol(folders, mocked_pg19
     expected = evaluate_perplexity_stateful(model, docs, max_length=7)
     results = payload["results"]
     assert results["num_documents"] == 2 and results["num_tokens"] == sum(len(d) - 1 for d in docs)
-    assert math.isclose(results["total_nll"], expected.total_nll, rel_tol=1e-9)
+    # the CLI's model (on its default device, a GPU where there is one) and this one: to float32 round-off
+    assert math.isclose(results["total_nll"], expected.total_nll, rel_tol=MODEL_REL)
     first, *rest = results["by_position"]
     assert first["positions"] == "0-1K" and first["num_tokens"] == results["num_tokens"]
     assert [b["num_tokens"] for b in rest] == [0, 0, 0, 0] and rest[0]["token_perplexity"] is None  # strict JSON
@@ -110,7 +112,7 @@ def test_a_hybrid_runs_statefully_with_a_sliding_attention_window(folders, mocke
             logits = model(input_ids=doc[None], use_cache=False).logits[0, :-1]
             total -= torch.log_softmax(logits.float(), -1).gather(-1, doc[1:, None]).double().sum().item()
     assert payload["results"]["num_documents"] == 2
-    assert math.isclose(payload["results"]["total_nll"], total, rel_tol=1e-5)
+    assert math.isclose(payload["results"]["total_nll"], total, rel_tol=MODEL_REL)  # windows vs one forward
 
 
 def _no_work(*_args, **_kwargs):

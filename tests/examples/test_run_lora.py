@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from comparisons import same_values
 from example_helpers import load_example
 from transformers import AutoModelForCausalLM
 
@@ -24,7 +25,7 @@ def test_merged_model_has_the_adapted_logits_and_differs_from_the_base(tmp_path,
     base = AutoModelForCausalLM.from_pretrained(tiny_lm).eval()
     ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(ids).logits, merged(ids).logits)
+        same_values(reloaded(ids).logits, merged(ids).logits, what="logits")  # a reloaded model: to MODEL_REL
         assert (reloaded(ids).logits - base(ids).logits).abs().max() > 1e-4  # the adapters learned something
     assert (tmp_path / "lora" / "adapter_config.json").is_file()
 

@@ -83,7 +83,7 @@ def test_forward_and_gradients_match_naive_softmax_attention(padded):
     for name, grad, grad_ref in zip(names, grads, _grads(attn, x_ref, y_ref, weight)):
         scaled_close(grad, grad_ref, 1e-5, f"grad {name}")
     if padded:
-        assert (grads[0][0, :3] == 0).all()  # the padded inputs of row 0
+        assert (grads[0][0, :3] == 0).all()  # the padded inputs of row 0: zeroed by the mask, so x·0 gives 0
 
 
 def test_left_padding_gives_the_numbers_of_the_row_alone():

@@ -137,6 +137,7 @@ def test_init_state_is_the_learned_x0():
     torch.manual_seed(7)  # x_0 is drawn as randn (the authors' code's a0), not zeros or a scaled randn
     drawn = BDLRNNParameters(num_heads=2, block_size=4, learned_initial_state=True).initial_state
     torch.manual_seed(7)
+    # exact: the same op (randn of the same shape) from the same seed, copied into the parameter
     torch.testing.assert_close(drawn.detach(), torch.randn(1, 2, 4), atol=0, rtol=0)
     zero = _mixer(learned_initial_state=False)
     assert zero.ssm.initial_state is None and not zero.init_state(2)["bdlrnn_state"].any()
@@ -193,6 +194,7 @@ def test_paper_normalisation_projects_columns_into_the_unit_ball(p):
     assert inside.any() and (~inside).any()
     A = normalize_blocks(G, p, "paper")
     assert (_column_p_norms(A, p) <= 1 + 1e-12).all()
+    # exact: a column inside the ball is divided by max(1, ‖v‖_p) = 1.0, and v / 1 = v
     torch.testing.assert_close(A.transpose(-1, -2)[inside], G.transpose(-1, -2)[inside], atol=0, rtol=0)
     torch.testing.assert_close(_column_p_norms(A, p)[~inside], torch.ones_like(norms[~inside]))
 
@@ -297,6 +299,8 @@ def test_hand_set_permutation_blocks_compute_sum5_exactly(scan):
         else:
             mixer.scan = scan
             y = mixer(x)[0]
+    # exact on every path: one-hot inputs, ReLU, 0/1 weights and permutation blocks (column p-norm 1^(1/p) = 1,
+    # divided by 1) make every value 0 or 1 and every sum one of a single 1 with zeros, in any order
     torch.testing.assert_close(y, expected, atol=0, rtol=0)
 
 
@@ -306,7 +310,7 @@ def test_code_normalisation_keeps_the_permutation_automaton_up_to_a_contraction(
     tokens = torch.randint(0, 5, (3, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         y = mixer(F.one_hot(tokens, 5).double())[0]
-    assert torch.equal(y.argmax(-1), tokens.cumsum(1) % 5)
+    assert torch.equal(y.argmax(-1), tokens.cumsum(1) % 5)  # integers (the state's largest entry: 0.8 vs -0.2)
     column = torch.full((5,), -0.2, dtype=torch.float64)
     column[0] = 0.8
     rate = 1 / torch.linalg.vector_norm(column, ord=1.2)

@@ -118,7 +118,7 @@ def test_prod_decoding_memo_follows_parameter_updates():
     with torch.no_grad():
         state = mixer.init_state(1)
         first, _ = mixer.step(x[:, 0], state)
-        assert mixer.step(x[:, 0], state)[0].equal(first)  # memoized recurrence, same numbers
+        assert mixer.step(x[:, 0], state)[0].equal(first)  # memoized recurrence: the same op on the same inputs
         mixer.ssm.weight.mul_(2.0)  # an in-place update (as an optimizer step) bumps the version
         y_full, _ = mixer(x)
         y_t, _ = mixer.step(x[:, 0], mixer.init_state(1))

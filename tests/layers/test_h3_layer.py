@@ -1,4 +1,4 @@
-"""The H3 mixer with long convolutions: naive per-token equations, exact decoding, padding, dtypes, arguments."""
+"""The H3 mixer with long convolutions: naive per-token equations, decoding vs forward, padding, dtypes, arguments."""
 
 import pytest
 import torch
@@ -136,7 +136,7 @@ def test_input_longer_than_max_kernel_length():
     mixer = _mixer(max_kernel_length=5)
     x = torch.randn(2, 13, 8)
     kernel = mixer.kernel(13)
-    assert kernel.shape == (8, 13) and (kernel[:, 5:] == 0).all()
+    assert kernel.shape == (8, 13) and (kernel[:, 5:] == 0).all()  # zero padding past max_kernel_length
     torch.testing.assert_close(kernel[:, :5], mixer.kernel(5))
     y, _ = mixer(x)
     torch.testing.assert_close(y.double(), _naive(mixer, x), atol=1e-5, rtol=1e-5)
@@ -154,7 +154,7 @@ def test_gradients_reach_the_kernels():
     for param in (mixer.long_conv.ssm.kernel, mixer.long_conv.ssm.skip, mixer.shift_conv.ssm.kernel):
         assert param.grad is not None and param.grad.abs().sum() > 0
     squashed = mixer.long_conv.ssm.kernel.abs() <= 0.05  # soft-thresholded taps get no gradient
-    assert (mixer.long_conv.ssm.kernel.grad[squashed] == 0).all()
+    assert (mixer.long_conv.ssm.kernel.grad[squashed] == 0).all()  # masked: the threshold's gradient is 0
     assert {name for name, _ in mixer.named_parameters() if ".ssm." in f".{name}"} == {
         "shift_conv.ssm.kernel",
         "shift_conv.ssm.skip",
@@ -216,7 +216,7 @@ def test_kernel_dropout_only_in_training():
     mixer.train()
     torch.manual_seed(1)
     dropped = mixer.kernel(16)
-    assert (dropped == 0).any() and not torch.equal(dropped, mixer.kernel(16))
+    assert (dropped == 0).any() and not torch.equal(dropped, mixer.kernel(16))  # dropout zeros; another draw
 
 
 def test_eval_kernel_memo_follows_parameter_updates():

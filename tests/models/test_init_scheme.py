@@ -51,7 +51,7 @@ def test_loading_a_checkpoint_keeps_its_weights(tmp_path):
     loaded = ssmhub.BDLRNNForTokenClassification.from_pretrained(tmp_path)
     assert loaded.config.init_scheme == "pytorch"
     for (name, value), (_, again) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
-        assert torch.equal(value, again), name
+        assert torch.equal(value, again), name  # saved and loaded: a copy
 
 
 def test_an_unknown_scheme_is_named():

@@ -62,7 +62,7 @@ def test_float32_agrees_with_float64_loop(seq_len):
 
 
 def test_iterated_step_equals_scan():
-    """Prefill with the scan, then block_step token by token: the states continue exactly."""
+    """Prefill with the scan, then block_step token by token: the states continue, to float64 round-off."""
     A, v, x0 = _inputs(3, 23, 2, 4, seed=3)
     states = block_scan(A, v, x0)
     prefix = block_scan(A[:, :10], v[:, :10], x0)

@@ -32,7 +32,7 @@ def test_factors_and_plan():
     assert math.prod(butterfly_factors(2**15, 32)) == 2**15
     plan = butterfly_plan(64, 4)
     assert sorted(plan.natural_index.tolist()) == list(range(64))
-    assert torch.equal(plan.natural_index[plan.storage_index], torch.arange(64))
+    assert torch.equal(plan.natural_index[plan.storage_index], torch.arange(64))  # integer permutations
     # the partner of stored frequency k holds frequency (M - k) mod M
     assert torch.equal(plan.natural_index[plan.partner], (64 - plan.natural_index) % 64)
 

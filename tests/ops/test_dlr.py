@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from comparisons import FP32_REL, scaled_close
 
 from ssmhub.ops import dlr as dlr_ops
 from ssmhub.ops.dlr import (
@@ -163,9 +164,9 @@ def test_prod_kernel_is_kronecker_dlr():
     u = torch.zeros(1, 3, 40)
     u[..., 0] = 1.0  # impulse: the output is the kernel
     impulse_response, _ = dlr_scan_ref(u, *kron, readout="half_imag")
-    torch.testing.assert_close(
-        impulse_response[0], dlr_kernel(log_re, log_im, weight, 40, "prod"), atol=1e-5, rtol=1e-4
-    )
+    # float32 kernel (complex128 powers rounded once, float32 products and sums) against the complex128 scan:
+    # within FP32_REL of the largest tap (elementwise, atol 1e-5 + rtol 1e-4 had been at 0.47 of the error seen)
+    scaled_close(dlr_kernel(log_re, log_im, weight, 40, "prod"), impulse_response[0], FP32_REL, "prod kernel")
 
 
 def test_init_follows_section_2_3():
@@ -192,8 +193,10 @@ def test_recurrent_scan_matches_the_complex128_recurrence(with_state, readout):
     state = torch.view_as_complex(torch.randn(2, 3, 16, 2, generator=gen)) if with_state else None
     y, final = dlr_scan_recurrent(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
     y_ref, final_ref = dlr_scan_ref(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
-    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(final, final_ref, atol=1e-5, rtol=1e-5)
+    # a complex64 scan of 9 steps against complex128: FP32_REL of the largest value (elementwise atol = rtol = 1e-5
+    # had been at 0.44 of the error seen)
+    scaled_close(y, y_ref, FP32_REL, "y")
+    scaled_close(final, final_ref, FP32_REL, "final state")
 
 
 def _subnormal(t: torch.Tensor) -> bool:

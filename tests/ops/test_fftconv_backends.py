@@ -137,12 +137,13 @@ def test_backends_match_reference(backends_run, requested, seq_len, runs, warnin
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
 def test_auto_resolves_to_torch(backends_run, seq_len, bidirectional):
     """On a CPU "auto" is torch.fft at every length (see fftconv._select_backend), silently: the same
-    implementation runs and the result is bit for bit backend="torch"'s."""
+    implementation runs and the result is bit for bit backend="torch"'s (promised: _select_backend returns "torch"
+    for "auto" on every device, and fft_conv then runs the very code of backend="torch" on the same tensors)."""
     u, kernel, backward, _, _ = make_inputs(seq_len, bidirectional, seed=seq_len)
     with fallback_warning(None):
         y = fft_conv(u, kernel, backward, backend="auto")
     assert backends_run == ["torch"]
-    torch.testing.assert_close(y, fft_conv(u, kernel, backward, backend="torch"), atol=0, rtol=0)
+    torch.testing.assert_close(y, fft_conv(u, kernel, backward, backend="torch"), atol=0, rtol=0)  # same op, inputs
 
 
 @needs_triton
@@ -175,7 +176,7 @@ def test_default_is_torch_and_unchanged(backends_run):
     with fallback_warning(None):
         y = fft_conv(u, kernel)
     assert backends_run == ["torch"]
-    torch.testing.assert_close(y, fft_conv(u, kernel, backend="torch"), atol=0, rtol=0)
+    torch.testing.assert_close(y, fft_conv(u, kernel, backend="torch"), atol=0, rtol=0)  # the same call, twice
 
 
 def test_block_size_not_a_power_of_two_falls_back_once(backends_run):

@@ -117,7 +117,7 @@ def test_exact_recovery_without_direct_term():
     kernel = _sum_of_exponentials(channels=3, modes=4, length=128, seed=1)
     fit = fit_modal_kernel(kernel, num_modes=4, direct_term=False)
     assert fit.relative_error.max() < 1e-5
-    assert torch.all(fit.d == 0)
+    assert torch.all(fit.d == 0)  # not fitted: set to zero
     _assert_recovers_the_true_modes(fit, channels=3, modes=4, seed=1, direct=None)
 
 
@@ -242,6 +242,7 @@ def test_modal_ops_under_autocast_stay_float32():
 
 
 def test_zero_kernel():
+    """A zero kernel fits to zero residues: every output below is a sum of products with 0, exactly 0."""
     fit = fit_modal_kernel(torch.zeros(3, 64), num_modes=4)
     assert torch.all(fit.relative_error == 0)
     assert torch.all(modal_kernel(fit, 100) == 0)

@@ -48,10 +48,18 @@ def test_a_continued_run_learns_on_from_where_the_base_stopped(base_model, tiny_
     fresh, continued = tmp_path / "fresh", tmp_path / "continued"
     main(tiny_args(tiny_data_dir, fresh, max_steps=3, save_steps=0))
     main(continue_args(tiny_data_dir, continued, base_model, max_steps=3, save_steps=3))
-    assert losses(continued)[1] < losses(fresh)[1] - 0.5  # the base's 6 steps are already in it
+    # the base's 6 steps are already in it: its first loss is 0.71 to 0.76 below a fresh model's (seeds 0-4, 1 or 2
+    # threads, AVX2 or not); 0.3 holds on any seed, far above float32 round-off
+    assert losses(continued)[1] < losses(fresh)[1] - 0.3
     tokenizer = AutoTokenizer.from_pretrained(continued / "checkpoints" / "tokenizer")
     at_step_3 = load_checkpoint_model(continued / "checkpoints" / "step-3", tokenizer).state_dict()
-    main([*continue_args(tiny_data_dir, continued, base_model, max_steps=4, save_steps=3), "--resume"])
+    main(
+        [
+            *continue_args(tiny_data_dir, continued, base_model, max_steps=4, save_steps=3),
+            "--resume",
+            "--allow_schedule_change",
+        ]
+    )
     assert sorted(losses(continued)) == [1, 2, 3, 4]
     assert at_step_3.keys() == AutoModelForCausalLM.from_pretrained(continued).state_dict().keys()
 

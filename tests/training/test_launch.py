@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from training_helpers import losses, tiny_args
+from training_helpers import TRAINING_REL, losses, same_losses, tiny_args
 
 from ssmhub.training.checkpoint import MARKER, list_checkpoints, verify_checkpoint
 from ssmhub.training.cli import main
@@ -46,11 +46,8 @@ def test_two_cpu_processes_match_one_with_twice_the_batch(tiny_data_dir, tmp_pat
     )
     assert done.returncode == 0, done.stderr[-3000:]
     main(tiny_args(tiny_data_dir, tmp_path / "one", per_device_train_batch_size=4))
-    for split in ("train", "validation"):
-        one_losses, two_losses = losses(tmp_path / "one", split), losses(two, split)
-        assert one_losses.keys() == two_losses.keys()
-        for step, loss in one_losses.items():
-            assert two_losses[step] == pytest.approx(loss, abs=1e-5)
+    for split in ("train", "validation"):  # two computations of the same training: to float32 round-off
+        same_losses(losses(two, split), losses(tmp_path / "one", split), what=split)
     last = [r for r in MetricsLogger.read(two) if r["split"] == "train"][-1]
     assert last["step"] == 6 and last["tokens_seen"] == 6 * 2 * 2 * 16  # steps x batch x processes x seq_len
 
@@ -115,7 +112,8 @@ def test_sigkill_while_saving_a_checkpoint_leaves_none_that_resume_trusts(
 ):
     """SIGKILL the run at a fixed point of saving step-6 (no race: the process kills itself there). Every
     step-N folder left must pass its checksums, the resume must start from step 4 (the half-saved step 6
-    ignored, neither loaded nor an error) and reproduce the uninterrupted run's losses exactly."""
+    ignored, neither loaded nor an error) and reproduce the uninterrupted run's losses (the same steps; each loss to
+    float32 round-off)."""
     kill_step = 6
     killed = tmp_path / "killed"
     args = tiny_args(tiny_data_dir, killed, **KILL_OPTIONS)
@@ -136,8 +134,8 @@ def test_sigkill_while_saving_a_checkpoint_leaves_none_that_resume_trusts(
     capsys.readouterr()
     main([*args, "--resume"])
     assert f"resumed from {killed / 'checkpoints' / 'step-4'} at step 4" in capsys.readouterr().out
-    assert losses(killed) == losses(uninterrupted_run)  # exactly, every step
-    assert losses(killed, "validation") == losses(uninterrupted_run, "validation")
+    same_losses(losses(killed), losses(uninterrupted_run), what="train")
+    same_losses(losses(killed, "validation"), losses(uninterrupted_run, "validation"), what="validation")
     assert [p.name for p in list_checkpoints(killed)] == ["step-6", "step-8"]
 
 
@@ -157,5 +155,6 @@ def test_resume_after_sigkill_gives_the_same_losses(tiny_data_dir, tmp_path):
     last_logged = max(losses(killed))
     assert 20 <= last_logged < 120, "the run ended before it could be killed"
     main([*tiny_args(tiny_data_dir, killed, **options), "--resume"])
-    assert losses(killed) == losses(tmp_path / "full")
-    assert losses(killed, "validation") == losses(tmp_path / "full", "validation")
+    # 120 steps, not a handful: the two computations' round-off has 10x as many steps to grow (10 x TRAINING_REL)
+    same_losses(losses(killed), losses(tmp_path / "full"), rel=10 * TRAINING_REL, what="train")
+    same_losses(losses(killed, "validation"), losses(tmp_path / "full", "validation"), rel=10 * TRAINING_REL)

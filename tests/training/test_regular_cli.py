@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
+from training_helpers import TRAINING_REL, same_run_state
 
 from ssmhub.training.regular import (
     LENGTH_BUCKETS,
@@ -82,7 +84,9 @@ def test_a_run_is_deterministic_and_reports_every_field():
     first, again = run_regular(tiny(), log=lambda _: None), run_regular(tiny(), log=lambda _: None)
     assert first.steps == 4 and first.best_step in (2, 4) and first.test_length == 60 and first.train_length == 40
     assert 0 <= first.test_accuracy <= 1 and list(first.bucket_accuracy) == ["1-40", "41-60"]
-    assert (first.test_accuracy, first.final_train_loss) == (again.test_accuracy, again.final_train_loss)
+    # accuracies count argmax predictions (greedy tokens): exact; the loss of two runs to float32 round-off
+    assert first.test_accuracy == again.test_accuracy
+    assert math.isclose(first.final_train_loss, again.final_train_loss, rel_tol=TRAINING_REL)
     assert first.config["weight_decay"] == 0.0  # the authors' value for Sum
 
 
@@ -131,23 +135,21 @@ def test_bad_input_is_one_clear_error(args, message, capsys):
     assert err.startswith("ssmhub-regular: error:") and message in err and err.count("\n") == 1
 
 
-def test_a_resumed_run_trains_exactly_like_an_uninterrupted_one(tmp_path):
+def test_a_resumed_run_trains_like_an_uninterrupted_one(tmp_path):
     whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
     uninterrupted = run_regular(tiny(steps=6, checkpoint=str(whole)), log=lambda _: None)
     run_regular(tiny(steps=4, checkpoint=str(pieces)), log=lambda _: None)  # a budget of 4 steps, then raised to 6
     lines = []
     resumed = run_regular(tiny(steps=6, checkpoint=str(pieces)), log=lines.append)
     assert lines[0] == f"resuming from {pieces} after step 4" and len(lines) == 2  # only step 6 evaluated again
-    fields = ("steps", "best_step", "best_eval_accuracy", "test_accuracy", "final_train_loss", "bucket_accuracy")
+    # steps and accuracies (counts of argmax predictions, as greedy tokens) exactly; the loss to float32 round-off
+    fields = ("steps", "best_step", "best_eval_accuracy", "test_accuracy", "bucket_accuracy")
     for field_name in fields:
         assert getattr(resumed, field_name) == getattr(uninterrupted, field_name), field_name
+    assert math.isclose(resumed.final_train_loss, uninterrupted.final_train_loss, rel_tol=TRAINING_REL)
     a, b = torch.load(whole, weights_only=True), torch.load(pieces, weights_only=True)
     assert a["progress"]["step"] == b["progress"]["step"] == 6
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
-    for key, state in a["optimizer"]["state"].items():
-        assert all(torch.equal(state[k], b["optimizer"]["state"][key][k]) for k in state), key
-    assert torch.equal(a["data_generator"], b["data_generator"])
+    same_run_state(b, a)  # weights and moments to float32 round-off, the data generator's state exactly
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.pt", "whole.pt"]  # no temporary files left
 
 
@@ -158,6 +160,7 @@ def test_a_finished_checkpoint_is_evaluated_without_more_training(tmp_path):
     again = run_regular(tiny(target_accuracy=0.0, checkpoint=path, steps=50), log=lines.append)
     assert lines == [f"resuming from {path} after step 2"]
     assert again.steps == 2
+    # the loss is the checkpoint's record (a copy) and the accuracy the same weights' argmax on the same test set
     assert (again.test_accuracy, again.final_train_loss) == (first.test_accuracy, first.final_train_loss)
 
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from training_helpers import losses, tiny_args
+from training_helpers import losses, same_losses, tiny_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ssmhub.training import TrainConfig, train
@@ -18,18 +18,13 @@ from ssmhub.training.config import config_from_args
 from ssmhub.training.metrics import MetricsLogger
 
 
-@pytest.fixture(scope="module")
-def finished_run(tiny_data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run")
-    main(tiny_args(tiny_data_dir, out))
-    return out
-
-
 def test_outputs_of_a_run(finished_run):
     out = finished_run
     train_losses, valid = losses(out), losses(out, "validation")
     assert sorted(train_losses) == [1, 2, 3, 4, 5, 6] and sorted(valid) == [3, 6]
-    assert train_losses[6] < train_losses[1]  # it learns
+    # it learns: 6 steps take the loss from ~log 300 = 5.70 down by 0.58 to 0.66 (seeds 0-4, 1 or 2 threads, AVX2 or
+    # not); a margin of 0.25 holds on any seed and leaves float32 round-off (~1e-4) far behind
+    assert train_losses[6] < train_losses[1] - 0.25
     assert (out / "metrics.csv").read_text().count("\n") == 1 + 6 + 2
     assert (out / "loss.png").stat().st_size > 1000
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6", "tokenizer"]
@@ -51,10 +46,7 @@ def test_gradient_accumulation_matches_a_bigger_batch(tiny_data_dir, tmp_path):
             tiny_data_dir, tmp_path / "acc", per_device_train_batch_size=4, gradient_accumulation_steps=2, save_steps=0
         )
     )
-    big, acc = losses(tmp_path / "big"), losses(tmp_path / "acc")
-    assert big.keys() == acc.keys()
-    for step in big:
-        assert acc[step] == pytest.approx(big[step], abs=1e-5)
+    same_losses(losses(tmp_path / "acc"), losses(tmp_path / "big"))  # two computations: to float32 round-off
 
 
 class Crash(RuntimeError):
@@ -76,7 +68,8 @@ def crash_after(step_to_crash):
 def test_resume_after_a_crash_gives_the_same_losses(tiny_data_dir, tmp_path, save_steps, crash_step, repeats, shuffle):
     # 320 train windows in batches of 32: an epoch is 10 steps. Resuming from step 8 crosses into the
     # second epoch; resuming from step 10 starts exactly at its beginning. With copying practice (repeats) the
-    # resumed run draws the repeated passages the uninterrupted one drew.
+    # resumed run draws the repeated passages the uninterrupted one drew. The same steps are logged exactly; their
+    # losses are two computations of the same training, equal to float32 round-off (training_helpers.TRAINING_REL).
     options = {"max_steps": 14, "per_device_train_batch_size": 32, "save_steps": save_steps, "eval_steps": 4}
     options["repeat_passage_probability"] = repeats
     options["shuffle_repeated_passages"] = shuffle
@@ -88,11 +81,11 @@ def test_resume_after_a_crash_gives_the_same_losses(tiny_data_dir, tmp_path, sav
         train(config_from_args(args), on_step_end=crash_after(crash_step))
     assert max(losses(tmp_path / "crashed")) == crash_step
     main([*args, "--resume"])
-    assert losses(tmp_path / "crashed") == losses(tmp_path / "full")  # exactly, every step
-    assert losses(tmp_path / "crashed", "validation") == losses(tmp_path / "full", "validation")
+    same_losses(losses(tmp_path / "crashed"), losses(tmp_path / "full"), what="train")
+    same_losses(losses(tmp_path / "crashed", "validation"), losses(tmp_path / "full", "validation"), what="validation")
 
 
-def test_pg19_run_resumes_exactly_and_reuses_the_token_cache(tiny_pg19_dir, tmp_path, monkeypatch):
+def test_pg19_run_resumes_to_the_same_losses_and_reuses_the_token_cache(tiny_pg19_dir, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     options = {"dataset": "pg19", "max_steps": 8, "save_steps": 4, "eval_steps": 4, "cache_dir": str(cache)}
     main(tiny_args(tiny_pg19_dir, tmp_path / "full", **options))
@@ -110,7 +103,7 @@ def test_pg19_run_resumes_exactly_and_reuses_the_token_cache(tiny_pg19_dir, tmp_
     with pytest.raises(Crash):
         train(config_from_args(args), on_step_end=crash_after(6))
     main([*args, "--resume"])
-    assert losses(tmp_path / "crashed") == losses(tmp_path / "full")
+    same_losses(losses(tmp_path / "crashed"), losses(tmp_path / "full"))
     assert sorted(p.name for p in (cache / "token_windows").iterdir()) == entries
 
 
@@ -141,7 +134,7 @@ def test_damaged_checkpoint_errors_naming_the_path(finished_run, tmp_path, tiny_
     shutil.copytree(finished_run, out)
     damage(out / "checkpoints" / "step-6")
     with pytest.raises(SystemExit) as exit_info:
-        main([*tiny_args(tiny_data_dir, out, max_steps=9), "--resume"])
+        main([*tiny_args(tiny_data_dir, out, max_steps=9), "--resume", "--allow_schedule_change"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(out / "checkpoints" / "step-6") in err and message in err
@@ -264,6 +257,7 @@ def test_train_api_returns_a_result(tmp_path, tiny_data_dir):
     )
     result = train(config)
     assert result.steps == 2 and result.tokens_seen == 2 * 4 * 16
+    # the same float, returned and logged (JSON writes a float's shortest repr, which reads back to its bits)
     assert math.isfinite(result.eval_loss) and result.train_loss == losses(tmp_path / "api")[2]
 
 

@@ -15,7 +15,7 @@ context keeps getting better deeper into a book (the PG-19 context curve, issue 
 
 Only models whose cache has a fixed size can do this: ssmhub's recurrent families, and hybrids with attention
 layers only with a sliding attention window (``attention_window``, :class:`~ssmhub.layers.AttentionOptions`);
-``ssmhub-eval --stateful`` checks that before any work.
+:func:`evaluate_perplexity_stateful` and ``ssmhub-eval --stateful`` check that before any work.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models.cache_argument import CACHE_FIELD
+from ..preflight import check_stateful_model
 from .scores import POSITION_BUCKETS, PositionPerplexityResult
 
 __all__ = ["evaluate_perplexity_stateful"]
@@ -69,6 +70,14 @@ def evaluate_perplexity_stateful(
     """
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer (tokens per window); got {max_length!r}")
+    check_stateful_model(
+        model.config,
+        f"the model ({type(model).__name__})",
+        "score it with evaluate_perplexity (sliding windows)",
+        "load it with a sliding attention window, e.g. from_pretrained(folder, attention_window=W), or score it "
+        "with evaluate_perplexity (sliding windows)",
+        caller="evaluate_perplexity_stateful",
+    )
     model.eval()
     result = PositionPerplexityResult(num_words=num_words, bucket_starts=tuple(bucket_starts))
     for document in tqdm(documents, desc="documents", unit="doc", disable=not progress):

@@ -49,7 +49,7 @@ class CausalSelfAttention(TokenMixer):
         super().__init__()
         options = AttentionOptions.take(options, **values)
         options.check_options(hidden_size)
-        num_heads, self.dropout = options.num_attention_heads, options.attention_dropout
+        num_heads, self.dropout = options.attention_heads(hidden_size), options.attention_dropout
         self.attention_window = options.attention_window  # None: every earlier token
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
@@ -147,13 +147,10 @@ class CausalSelfAttention(TokenMixer):
     def _write_slots(self, state, k, v, new_mask):
         """A static state with the L new keys, values and mask bits written to slots ``length .. length + L − 1``
         (out of place: a selection over the whole buffer, the same graph at every step). k, v: (B, heads, L, d_head).
-        Returns the buffers and the new tokens' positions (B, L, 1)."""
-        slots, length = state["key"].shape[2], k.shape[2]
-        if not torch.compiler.is_compiling() and int(state["length"].max()) + length > slots:
-            raise ValueError(
-                f"the static key/value buffer holds {slots} tokens; it has {int(state['length'].max())} and got "
-                f"{length} more (preallocate a larger max_length)"
-            )
+        Nothing is read back from the device: the cache that holds the buffer refuses more tokens than it has
+        slots before the forward (:meth:`ssmhub.cache.RecurrentCache.check_room`). Returns the buffers and the new
+        tokens' positions (B, L, 1)."""
+        slots, length = state["key"].shape[2], k.shape[2]  # the bound is checked on the host, where tokens enter
         start = state["length"][:, None]  # (B, 1)
         offset = torch.arange(slots, device=k.device)[None, :] - start  # (B, T): slot − length
         fresh = (offset >= 0) & (offset < length)  # (B, T): the slots of the new tokens

@@ -118,7 +118,7 @@ class ResamplingBranch(TokenMixer):
         """Eq. 13: x (..., H) -> (Δ_l (...) float32 in [κΔ, Δ], Δ)."""
         grid_step = self.ssm.grid_step()
         kappa = self.resampling_rate
-        # A streamed token must get bit for bit the Δ_l the parallel pass gives it, or the two clocks drift apart
+        # A streamed token must get the very float32 Δ_l the parallel pass gives it, or the two clocks drift apart
         # and cross grid points at different tokens. So θ_Δ·x is a product and a sum along H per token, not a
         # matmul (whose rounding depends on how many tokens the call holds), and the gate is computed in
         # float64 and rounded once to float32: torch's vectorized and scalar sigmoid differ in the last float32
@@ -262,7 +262,7 @@ class SerpentMixer(TokenMixer):
     """SeRpEnt token mixer (Eq. 15; :class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
-        hidden_size: H; must be divisible by the number of branches, 1 + len(resampling_rates).
+        hidden_size: H, split into 1 + len(resampling_rates) branches (:meth:`SerpentOptions.branch_widths`).
         options: a :class:`SerpentOptions` (or a ``SerpentConfig``, which is one); ``**values`` override single
             fields. With ``resampling_rates=[]`` the mixer is a plain Mamba mixer.
     """
@@ -272,10 +272,10 @@ class SerpentMixer(TokenMixer):
         options = SerpentOptions.take(options, **values)
         options.check_options(hidden_size)
         self.hidden_size = hidden_size
-        self.branch_size = hidden_size // options.num_branches
+        self.base_size, self.branch_size = options.branch_widths(hidden_size)
         self.resampling_mode = options.resampling_mode
         self.causal = options.resampling_mode == "causal"
-        self.base = MambaMixer(hidden_size, options, output_size=self.branch_size)
+        self.base = MambaMixer(hidden_size, options, output_size=self.base_size)
         self.resampled = nn.ModuleList(
             ResamplingBranch(hidden_size, self.branch_size, kappa, options) for kappa in options.resampling_rates
         )
@@ -341,7 +341,7 @@ class SerpentMixer(TokenMixer):
             weights = stacked_weights(self, self.resampled)
             y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
         new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
-        return torch.cat([y_t, y_branches.flatten(1)], dim=-1), new_state  # (B, H_b + R·H_b), branch order
+        return torch.cat([y_t, y_branches.flatten(1)], dim=-1), new_state  # (B, H_base + R·H_b), branch order
 
     def _step_branches_one_by_one(self, x_t, stacked, mask_t):
         """:func:`step_branches` of each resampling branch alone (R = 1, its weights as views), restacked."""
@@ -355,4 +355,7 @@ class SerpentMixer(TokenMixer):
         return y, {name: torch.cat([s[name] for _, s in results], dim=1) for name in stacked}
 
     def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, branch_size={self.branch_size}, mode={self.resampling_mode!r}"
+        return (
+            f"hidden_size={self.hidden_size}, base_size={self.base_size}, branch_size={self.branch_size}, "
+            f"mode={self.resampling_mode!r}"
+        )

@@ -20,7 +20,9 @@ class SerpentOptions(MambaOptions):
     """Options of :class:`~ssmhub.layers.serpent.SerpentMixer`: those of
     :class:`~ssmhub.layers.mamba_options.MambaOptions` (every branch's Mamba) and the resampling's.
 
-    Each mixer has ``1 + len(resampling_rates)`` branches of width H_b = H / #branches (H must be divisible).
+    Each mixer has ``1 + len(resampling_rates)`` branches of width H_b = H / #branches (Eq. 15b concatenates
+    them); where #branches does not divide H, each resampling branch has ⌊H / #branches⌋ and the base branch the
+    rest (ours: the paper's widths divide), so every width builds.
 
     Args:
         resampling_rates: κ ∈ (0, 1] of each resampling branch, the minimum compression rate L̄/L (Eq. 13).
@@ -45,6 +47,11 @@ class SerpentOptions(MambaOptions):
         """1 (the base branch) + one per compression rate."""
         return 1 + len(self.resampling_rates)
 
+    def branch_widths(self, hidden_size: int) -> tuple[int, int]:
+        """(base, resampling) branch widths: ⌊H / #branches⌋ for each resampling branch, the rest for the base."""
+        resampled = hidden_size // self.num_branches
+        return hidden_size - resampled * len(self.resampling_rates), resampled
+
     def check_options(self, hidden_size: int | None = None) -> None:
         super().check_options(hidden_size)
         name = type(self).__name__
@@ -53,8 +60,8 @@ class SerpentOptions(MambaOptions):
         for kappa in self.resampling_rates:
             if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not 0 < kappa <= 1:
                 raise ValueError(f"{name}.resampling_rates must lie in (0, 1] (κ of Eq. 13); got {kappa!r}")
-        if hidden_size is not None and hidden_size % self.num_branches:
+        if hidden_size is not None and hidden_size < self.num_branches:
             raise ValueError(
-                f"{self.width_name()} ({hidden_size}) must be divisible by the number of branches "
+                f"{self.width_name()} ({hidden_size}) must be at least the number of branches "
                 f"({self.num_branches} = 1 base + {len(self.resampling_rates)} {name}.resampling_rates)"
             )

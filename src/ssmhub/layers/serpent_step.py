@@ -78,9 +78,10 @@ def stacked_weights(owner, branches) -> StackedBranches:
 
 
 def _steps(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
-    """Eq. 13 for every branch: x_t (B, H) -> Δ_l (B, R) float32, computed as
-    :meth:`ResamplingBranch.steps <ssmhub.layers.serpent.ResamplingBranch.steps>` does (a float64 product and
-    sum along H, the gate rounded once), so a streamed token gets the Δ_l of the parallel pass bit for bit."""
+    """Eq. 13 for every branch: x_t (B, H) -> Δ_l (B, R) float32, computed as :meth:`ResamplingBranch.steps
+    <ssmhub.layers.serpent.ResamplingBranch.steps>` does (a float64 product and sum along H, the gate rounded once),
+    so a streamed token gets the float32 Δ_l of the parallel pass (another only where the two float64 logits
+    straddle a float32 rounding midpoint: odds about 2^-29 per token)."""
     logit = (x_t.double()[:, None] * w.step_weight).sum(-1) + w.step_bias  # (B, R)
     gate = torch.sigmoid(logit).float()
     return gate * w.grid_step * w.one_minus_kappa + w.kappa * w.grid_step
@@ -117,14 +118,15 @@ def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.
     )
     new_state = stream._asdict()
     held, conv_state, ssm_state = state["held"], state["conv_state"], state["ssm_state"]
-    if torch.compiler.is_compiling() or bool(emission.emitted.any()):
-        x_bar = _compress(w, emission.inputs, emission.distance, emission.valid, x_t.dtype)  # (R, B, H_b)
-        y_t, stepped_conv, stepped_ssm = mamba_step(
-            w.mamba, x_bar, conv_state.transpose(0, 1), ssm_state.transpose(0, 1)
-        )  # (R, B, ...)
-        emitted = emission.emitted  # (B, R)
-        held = torch.where(emitted[..., None], y_t.transpose(0, 1).float(), held)
-        conv_state = torch.where(emitted[..., None, None], stepped_conv.transpose(0, 1), conv_state)
-        ssm_state = torch.where(emitted[..., None, None], stepped_ssm.transpose(0, 1), ssm_state)
+    # Every row's branch Mamba steps and only the rows that crossed a grid point keep the result: a branch on
+    # ``emitted.any()`` would read the device back every token (a sync on a GPU, a break in a CUDA graph).
+    x_bar = _compress(w, emission.inputs, emission.distance, emission.valid, x_t.dtype)  # (R, B, H_b)
+    y_t, stepped_conv, stepped_ssm = mamba_step(
+        w.mamba, x_bar, conv_state.transpose(0, 1), ssm_state.transpose(0, 1)
+    )  # (R, B, ...)
+    emitted = emission.emitted  # (B, R)
+    held = torch.where(emitted[..., None], y_t.transpose(0, 1).float(), held)
+    conv_state = torch.where(emitted[..., None, None], stepped_conv.transpose(0, 1), conv_state)
+    ssm_state = torch.where(emitted[..., None, None], stepped_ssm.transpose(0, 1), ssm_state)
     new_state.update(held=held, conv_state=conv_state, ssm_state=ssm_state)
     return held.to(x_t.dtype), new_state

@@ -18,11 +18,15 @@ def check_model_inputs(
     vocab_size: int,
     hidden_size: int,
     past_length: int,
+    read_values: bool = True,
 ) -> None:
     """Validate the inputs of a forward pass.
 
     ``attention_mask`` may cover only the new tokens, or the tokens already in the cache plus the
-    new ones (what ``generate`` passes): its length must be L or ``past_length + L``.
+    new ones (what ``generate`` passes): its length must be L or ``past_length + L``. The token ids' range is
+    read back from their device only with ``read_values`` (the model asks where a sequence enters: a forward
+    without history outside training, e.g. ``generate``'s prefill), never in a decode step or a training
+    forward, where it would be a host synchronization per token or per batch.
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -40,7 +44,7 @@ def check_model_inputs(
         batch, length = inputs_embeds.shape[:2]
     if batch == 0 or length == 0:
         raise ValueError(f"the input is empty (batch {batch}, sequence length {length}); give at least one token")
-    if input_ids is not None and not torch.compiler.is_compiling():  # reading values would break a traced graph
+    if read_values and input_ids is not None and not torch.compiler.is_compiling():  # reading breaks a traced graph
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
@@ -113,17 +117,21 @@ def infer_padding_mask(
 
 
 def pool_hidden_states(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
-    """Pool (B, L, H) hidden states to (B, H) over the real tokens of ``mask`` (B, L)."""
+    """Pool (B, L, H) hidden states to (B, H) over the real tokens of ``mask`` (B, L). A row with no real token
+    (an empty text in a padded batch) pools to zeros under every pooling, so its logits are the head's bias:
+    finite, and independent of what its padding holds."""
     if mask is None:
         mask = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
     mask = mask.bool()
     if pooling == "max":
-        return hidden.masked_fill(~mask.unsqueeze(-1), torch.finfo(hidden.dtype).min).amax(dim=1)
-    if pooling == "mean":
+        pooled = hidden.masked_fill(~mask.unsqueeze(-1), torch.finfo(hidden.dtype).min).amax(dim=1)
+    elif pooling == "mean":
         weights = mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
-    if pooling == "last":
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+    elif pooling == "last":
         positions = torch.arange(mask.shape[1], device=mask.device)
         last = torch.where(mask, positions, -1).amax(dim=1).clamp(min=0)  # (B,) index of the last real token
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise ValueError(f"pooling must be 'max', 'mean' or 'last'; got {pooling!r}")
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    else:
+        raise ValueError(f"pooling must be 'max', 'mean' or 'last'; got {pooling!r}")
+    return pooled.masked_fill(~mask.any(dim=1, keepdim=True), 0)  # rows of padding only: zeros

@@ -330,8 +330,14 @@ class RecurrentModel(RecurrentPreTrainedModel):
         (:meth:`RecurrentCache.states_to_record`)."""
         cache = resolve_cache_argument(cache, past_key_values)
         past_length = cache.get_seq_length() if cache is not None else 0
-        check_model_inputs(
-            input_ids, inputs_embeds, attention_mask, self.config.vocab_size, self.config.hidden_size, past_length
+        check_model_inputs(  # token ids read once where a sequence enters, not per decode step or training batch
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            self.config.vocab_size,
+            self.config.hidden_size,
+            past_length,
+            read_values=past_length == 0 and not self.training,
         )
         if use_cache is None:  # training forwards need no final state (computing it costs a matmul per layer)
             use_cache = cache is not None or (self.config.use_cache and not self.training)
@@ -342,6 +348,8 @@ class RecurrentModel(RecurrentPreTrainedModel):
 
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         seq_len = hidden_states.shape[1]
+        if use_cache and cache is not None:
+            cache.check_room(seq_len)
         mask = attention_mask[:, -seq_len:] if attention_mask is not None else None  # (B, L) of the new tokens
         starts = document_starts(  # None: one document per row
             hidden_states.shape[:2], mask, past_length, restarts_with_cache=self.training, **kwargs
@@ -429,17 +437,20 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs):
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, *args, inputs_embeds: torch.Tensor | None = None, **kwargs
+    ):
         """transformers' own, except that a first forward on a cache that already absorbed part of the prompt (a
         prefilled or loaded prompt cache) feeds only the rest: greedy decoding trims the prompt so before it gets
         here, but assisted and prompt-lookup decoding (transformers 5.24) pass all of it, and the cache would
-        absorb the prompt twice."""
+        absorb the prompt twice. ``inputs_embeds`` is named so that ``generate(inputs_embeds=...)`` is accepted
+        (transformers reads this signature): the prompt's embeddings feed the first forward, ids the rest."""
         cache = kwargs.get(CACHE_FIELD)
         if kwargs.get("is_first_iteration") and kwargs.get("next_sequence_length") is None:
             seen = cache.get_seq_length() if isinstance(cache, RecurrentCache) else 0
             if 0 < seen < input_ids.shape[1]:
                 kwargs["next_sequence_length"] = input_ids.shape[1] - seen
-        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        return super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
         """transformers' hook, plus the cache assisted decoding needs: a verifier must have one before its first
@@ -474,7 +485,9 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         generated ones; only attention layers need the bound) and updated in place: a decode step with it compiles
         with ``torch.compile(fullgraph=True)`` (``cache.is_compileable``). Use it with ``generate(..., cache=...)``;
         a ValueError names the argument for a bad size or a layer that cannot decode."""
-        return RecurrentCache.preallocated(static_states(self, batch_size, max_length))
+        states = static_states(self, batch_size, max_length)
+        bounded = any("key" in state for state in states)  # attention's slots; recurrent states have no bound
+        return RecurrentCache.preallocated(states, max_length if bounded else None)
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -515,7 +528,7 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         )
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, keep]).float()
+        logits = self.lm_head(hidden_states[:, keep])  # the model's dtype, as GPT-2's; losses upcast
         loss = None
         if labels is not None:
             if kwargs.get("shift_labels") is not None:  # transformers' loss views them flat: a window slice is not
@@ -567,7 +580,7 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
             return_dict=True,
         )
         pooled = pool_hidden_states(outputs.last_hidden_state, attention_mask, self.config.classifier_pooling)
-        logits = self.score(pooled).float()  # (B, num_labels)
+        logits = self.score(pooled)  # (B, num_labels), the model's dtype
         loss = None
         if labels is not None:
             # **kwargs carries Trainer's num_items_in_batch: the loss is then a sum over it (exact accumulation)
@@ -622,7 +635,7 @@ class RecurrentForTokenClassification(RecurrentPreTrainedModel):
             return_dict=True,
             **packing_arguments(kwargs),
         )
-        logits = self.classifier(outputs.last_hidden_state).float()  # (B, L, num_labels)
+        logits = self.classifier(outputs.last_hidden_state)  # (B, L, num_labels), the model's dtype
         loss = None
         if labels is not None:
             if labels.shape != logits.shape[:2]:

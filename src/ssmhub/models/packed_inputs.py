@@ -34,7 +34,7 @@ def document_starts(
     **_,
 ) -> torch.Tensor | None:
     """(B, L) bool, True where a document starts after a row's first real token; None when no row holds two
-    documents (then the forward is the plain one, bit for bit).
+    documents (then the forward takes the plain path).
 
     A forward that continues a cache (``past_length`` > 0) is a decode step: a document start inside it is
     refused, unless ``restarts_with_cache`` (a training forward: truncated backpropagation through time,

@@ -10,8 +10,10 @@ it raises :class:`CheckpointError` naming the path (a run never silently restart
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -62,6 +64,25 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class _TiedWeightsFilter(logging.Filter):
+    """Drops accelerate's "Removed shared tensor {'lm_head.weight'} while saving" at every checkpoint: safetensors
+    stores a tied tensor once, and loading the state back into the model (whose LM head is its embedding
+    matrix) restores both names, as :func:`load_checkpoint` does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_about_tied_weights():
+    logger, note = logging.getLogger("accelerate.utils.other"), _TiedWeightsFilter()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
 def save_checkpoint(
     accelerator,
     output_dir: str | os.PathLike,
@@ -83,7 +104,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    with _quiet_about_tied_weights():
+        accelerator.save_state(str(tmp))
     if write_process_files is not None:
         write_process_files(tmp)
     accelerator.wait_for_everyone()

@@ -74,6 +74,9 @@ class TrainConfig:
     save_steps: int = 500  # 0: no intermediate checkpoints
     save_total_limit: int = 3  # keep the newest K checkpoints (0: keep all)
     resume: bool = False  # continue from the newest complete checkpoint in output_dir/checkpoints
+    # with resume: follow a changed schedule (max_steps, warmup_steps, min_lr_ratio, learning rates) from the
+    # checkpoint's step instead of refusing it
+    allow_schedule_change: bool = False
     report_to: list[str] = field(default_factory=list)  # accelerate trackers (log_with), e.g. ["tensorboard"]
     # publishing
     push_to_hub: bool = False

@@ -15,11 +15,11 @@ schedule below are those of the authors' code (github.com/tinghanf/RegluarLRNN):
   test length: accuracy on the last token (:attr:`RegularResult.test_accuracy`) and, since every
   position's label is the answer for the prefix ending there, accuracy per prefix-length bucket.
 
-The paper's budget is 40,000 steps, hours per run on a CPU. With ``checkpoint`` set, the run saves
-everything it needs to go on (weights, optimizer, data-generator state, best weights so far) at every
-evaluation, and a later call with the same settings resumes there: the training is bit for bit that
-of an uninterrupted run, and the budget ``steps`` may be raised between calls (the earlier budget's
-last step is then one extra evaluation, unless it was a multiple of ``eval_steps``).
+The paper's budget is 40,000 steps, hours per run on a CPU. With ``checkpoint`` set, the run saves everything it
+needs to go on (weights, optimizer, data-generator state, best weights so far) at every evaluation, and a later call
+with the same settings resumes there: the training is that of an uninterrupted run (the same batches and random
+draws; losses to float32 round-off), and the budget ``steps`` may be raised between calls (the earlier budget's last
+step is then one extra evaluation, unless it was a multiple of ``eval_steps``).
 
 ``matmul_precision`` is ``torch.set_float32_matmul_precision`` for the run: the authors' ``"high"``
 (TF32 on CUDA; plain float32 on CPU) by default. On a CPU with AVX512-BF16, ``"medium"`` lets oneDNN
@@ -244,7 +244,8 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     """Train and evaluate one run (see the module docstring); deterministic given ``config.seed``.
 
     With ``config.checkpoint`` set and the file present, the run resumes from it (same settings
-    required, except those in :data:`RESUMABLE_CHANGES`) and ends exactly as an uninterrupted run would.
+    required, except those in :data:`RESUMABLE_CHANGES`) and ends as an uninterrupted run would (losses to
+    float32 round-off).
     """
     config.validate()
     task = get_task(config.task, config.modulus)

@@ -1,10 +1,11 @@
 """One-file checkpoints of a small online training run (``ssmhub-regular``, ``ssmhub-synthetic``).
 
-Those runs draw a fresh batch every step from a seeded ``torch.Generator`` and have no data loader or
-scheduler, so everything needed to continue one bit for bit is: the run's settings, the model and
-optimizer states, the data generator's state, torch's global RNG state and the run's own progress
-record. :func:`save_run_state` writes them with one ``torch.save`` to a temporary name (fsync, then
-rename, through :func:`ssmhub.fileio.atomic_path`), so the file at ``path`` is always a complete
+Those runs draw a fresh batch every step from a seeded ``torch.Generator`` and have no data loader or scheduler, so
+everything needed to continue one as if it had never stopped (the same batches and random draws; weights and losses
+to float32 round-off, which another thread count or CPU may round differently) is: the run's settings, the model and
+optimizer states, the data generator's state, torch's global RNG state and the run's own progress record.
+:func:`save_run_state` writes them with one ``torch.save`` to a temporary name (fsync, then rename, through
+:func:`ssmhub.fileio.atomic_path`), so the file at ``path`` is always a complete
 checkpoint; :func:`load_run_state` refuses, naming the field, a checkpoint written with other settings
 than the ones that may change between a run and its continuation.
 """

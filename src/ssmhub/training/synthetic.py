@@ -17,11 +17,11 @@ A run ends with a one-line JSON row (task, family, L, layers, width, steps, metr
     ssmhub-synthetic --task shift --model_type dlr --seq_len 512 --num_layers 6 --hidden_size 128 \\
         --max_steps 11000 --results runs/synthetic.jsonl
 
-The paper's budgets are hours per run on a CPU. With ``--checkpoint FILE`` the run saves its model,
-optimizer, data-generator and RNG states every ``--checkpoint_every`` steps and after its last step
-(:mod:`ssmhub.training.run_state`), and a later call with the same settings resumes there, bit for bit
-the run it would have been without the interruption. ``max_steps`` may grow between calls, so a budget
-can be raised after looking at a result, or spread over several sessions.
+The paper's budgets are hours per run on a CPU. With ``--checkpoint FILE`` the run saves its model, optimizer,
+data-generator and RNG states every ``--checkpoint_every`` steps and after its last step
+(:mod:`ssmhub.training.run_state`), and a later call with the same settings resumes there, as the run it would have
+been without the interruption (the same batches and random draws; losses to float32 round-off). ``max_steps`` may
+grow between calls, so a budget can be raised after looking at a result, or spread over several sessions.
 """
 
 from __future__ import annotations

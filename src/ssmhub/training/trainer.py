@@ -61,7 +61,14 @@ from ..preflight import (
     model_config_class,
 )
 from .batches import WindowBatches, count_targets
-from .checkpoint import CheckpointError, load_checkpoint, newest_checkpoint, save_checkpoint
+from .checkpoint import (
+    CheckpointError,
+    checkpoints_dir,
+    list_checkpoints,
+    load_checkpoint,
+    newest_checkpoint,
+    save_checkpoint,
+)
 from .config import TrainConfig
 from .data import build_windows, check_data_dir, corpus_source, iter_documents
 from .metrics import MetricsLogger, plot_losses
@@ -256,8 +263,34 @@ _RESUME_MUST_MATCH = (
 )
 
 
+# Options that define the learning-rate schedule: a resume may change them only with --allow_schedule_change.
+_SCHEDULE = ("max_steps", "warmup_steps", "min_lr_ratio", "learning_rate", "recurrence_learning_rate")
+
+
+def _schedule_lr(options: dict, step: int) -> float:
+    """The base learning rate at ``step`` under the warmup + cosine schedule of ``options`` (a run's settings)."""
+    warmup = min(options["warmup_steps"], options["max_steps"])
+    return options["learning_rate"] * lr_lambda(step, warmup, options["max_steps"], options["min_lr_ratio"])
+
+
+def _check_schedule_matches(saved: dict, current: dict, output_dir: Path, allow_change: bool) -> None:
+    """Raise ValueError, saying what would change, when a resume changes the schedule without
+    ``--allow_schedule_change``."""
+    changed = [key for key in _SCHEDULE if key in saved and saved[key] != current[key]]
+    if not changed or allow_change:
+        return
+    step = int(newest_checkpoint(output_dir).name.split("-")[-1])
+    what = ", ".join(f"{key} {saved[key]!r} -> {current[key]!r}" for key in changed)
+    raise ValueError(
+        f"--resume changes the learning-rate schedule of the run in {output_dir} ({what}): at its step {step} the "
+        f"rate would go from {_schedule_lr(saved, step):.3g} to {_schedule_lr(current, step):.3g} and follow the "
+        f"new warmup + cosine from there; pass --allow_schedule_change to do that, or resume with the saved values"
+    )
+
+
 def _check_resume_matches(config: TrainConfig, output_dir: Path, num_processes: int) -> None:
-    """Raise ValueError when a resumed run differs from the saved run in an option that must match."""
+    """Raise ValueError when a resumed run differs from the saved run in an option that must match, or in its
+    learning-rate schedule without ``allow_schedule_change``."""
     path = output_dir / "train_config.json"
     if not path.is_file():
         return  # load_checkpoint reports the missing checkpoint
@@ -271,6 +304,7 @@ def _check_resume_matches(config: TrainConfig, output_dir: Path, num_processes: 
             raise ValueError(
                 f"--resume: {key} is {current[key]!r} but the run in {output_dir} used {saved[key]!r} ({why})"
             )
+    _check_schedule_matches(saved, current, output_dir, config.allow_schedule_change)
 
 
 def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None) -> TrainResult:
@@ -344,7 +378,10 @@ def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
         _check_resume_matches(config, output_dir, accelerator.num_processes)
     with _nothing_left_on_failure(output_dir, accelerator.is_main_process):
         parts = _build_training_parts(config, accelerator, output_dir)
+        base_lrs = list(parts["scheduler"].base_lrs)  # this run's settings; a resume loads the saved run's
         progress = _resume_point(config, accelerator, output_dir, parts["batches"])
+        if config.resume and config.allow_schedule_change:
+            _follow_schedule(parts["scheduler"], base_lrs)
         _install_staged_tokenizer(config, accelerator, output_dir)
     logger = _start_records(config, accelerator, output_dir, resume_step=progress.step if config.resume else None)
     setup = _TrainingSetup(config=config, accelerator=accelerator, output_dir=output_dir, logger=logger, **parts)
@@ -449,8 +486,12 @@ def _check_before_reading_data(config: TrainConfig) -> Path:
         _saved_model_tokenizer(config.model_name_or_path)
     output_dir = Path(config.output_dir)
     check_output_dir(output_dir, "--output_dir")
+    if config.resume and not list_checkpoints(output_dir):  # bad input (exit 2); a damaged one is CheckpointError
+        raise FileNotFoundError(
+            f"--resume: no checkpoint in {checkpoints_dir(output_dir)} (run without --resume to start from scratch)"
+        )
     if config.resume:
-        newest_checkpoint(output_dir)  # raises CheckpointError when there is none to resume
+        newest_checkpoint(output_dir)  # raises CheckpointError when the newest one is unmarked
     elif not config.overwrite_output_dir:
         _check_output_dir_is_free(output_dir)
     if config.push_to_hub:
@@ -573,6 +614,15 @@ def _resume_point(config: TrainConfig, accelerator, output_dir: Path, batches) -
     return _Progress(step=state["step"], epoch=state["epoch"], position=state["position"])
 
 
+def _follow_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, base_lrs: list[float]) -> None:
+    """After a resume with ``allow_schedule_change``: this run's base rates, and its schedule (the scheduler's
+    lambda is this run's, only its step comes from the checkpoint) from the restored step on."""
+    scheduler.base_lrs = list(base_lrs)
+    for group, base, factor in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
+        group["initial_lr"], group["lr"] = base, base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
 def _start_records(config: TrainConfig, accelerator, output_dir: Path, resume_step: int | None) -> MetricsLogger:
     """Write ``train_config.json`` (what a resumed run is checked against), start the trackers and the
     metrics files (a resumed run keeps the records up to ``resume_step``)."""
@@ -684,8 +734,8 @@ def _finish(setup: _TrainingSetup, progress: _Progress) -> TrainResult:
     accelerator.end_training()
     result = TrainResult(output_dir, progress.step, tokens_seen, progress.train_loss, progress.eval_loss)
     metrics = final_metrics(progress.train_loss, progress.eval_loss)
-    summary = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-    accelerator.print(f"trained {progress.step} steps ({tokens_seen:,} tokens); {summary}; saved to {output_dir}")
+    summary = "".join(f"; {name} {value:.4f}" for name, value in metrics.items())  # none when no step ran here
+    accelerator.print(f"trained {progress.step} steps ({tokens_seen:,} tokens){summary}; saved to {output_dir}")
     if config.push_to_hub and accelerator.is_main_process:
         result.hub_url = push_folder_to_hub(output_dir, config.hub_model_id, private=config.hub_private)
         accelerator.print(f"pushed to {result.hub_url}")

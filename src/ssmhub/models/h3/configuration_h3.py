@@ -3,7 +3,7 @@
 # no `from __future__ import annotations` here: @strict checks field types only on real annotations
 from huggingface_hub.dataclasses import strict
 
-from ...layers.attention_options import AttentionOptions
+from ...layers.attention_options import AttentionOptions, default_attention_heads
 from ...layers.h3_options import H3Options
 from ..configuration_recurrent import RecurrentLMConfig
 
@@ -31,7 +31,8 @@ class H3Config(RecurrentLMConfig, H3Options, AttentionOptions):
 
     The defaults are the H3-125M shape of the long-conv paper's language models (d 768, 12 layers,
     MLP 3072, attention at layers 1 and 8 with 12 heads: safari ``pile/h3-conv.yaml``); at another depth
-    the attention layers move with it (``attention_layers`` below).
+    the attention layers move with it (``attention_layers`` below), at another width the heads keep H3-125M's
+    width of 64 (``num_attention_heads``).
 
     Fields: those of :class:`~ssmhub.models.configuration_recurrent.RecurrentLMConfig` (the block stack and
     heads), of :class:`~ssmhub.layers.h3_options.H3Options` (the H3 layer and its long convolution:
@@ -65,6 +66,8 @@ class H3Config(RecurrentLMConfig, H3Options, AttentionOptions):
     def __post_init__(self, **kwargs):
         if self.attention_layers is None:
             self.attention_layers = default_attention_layers(self.num_hidden_layers)
+        if self.num_attention_heads is None:  # fixed now and saved, as the placement above
+            self.num_attention_heads = default_attention_heads(self.hidden_size)
         super().__post_init__(**kwargs)
 
     def has_attention(self) -> bool:

@@ -13,7 +13,8 @@ __all__ = ["SerpentConfig"]
 class SerpentConfig(RecurrentLMConfig, SerpentOptions):
     """A stack of SeRpEnt blocks ``h ← h + SeRpEnt(RMSNorm(h))`` with a final RMSNorm (§5.2, App. B.2).
 
-    Each block has ``1 + len(resampling_rates)`` branches of width ``hidden_size / #branches``: a base
+    Each block has ``1 + len(resampling_rates)`` branches of width ``hidden_size / #branches`` (the base branch
+    takes the remainder where that does not divide): a base
     branch, a Mamba mixer over the full sequence, and one branch per compression rate κ that resamples
     the sequence onto a uniform time grid (Eq. 11-13), runs its own Mamba on it (Eq. 15a) and expands
     the result back (Eq. 14b). The branch outputs are concatenated; the block's residual is the skip of
@@ -40,5 +41,5 @@ class SerpentConfig(RecurrentLMConfig, SerpentOptions):
 
     @property
     def branch_size(self) -> int:
-        """Output width of every branch: hidden_size / num_branches."""
-        return self.hidden_size // self.num_branches
+        """Output width of every resampling branch: ⌊hidden_size / num_branches⌋ (the base branch has the rest)."""
+        return self.branch_widths(self.hidden_size)[1]

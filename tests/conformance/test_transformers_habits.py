@@ -1,0 +1,91 @@
+"""Habits a transformers user brings from GPT-2 and transformers' Mamba, every family: an empty row in a padded
+classification batch, ``generate(inputs_embeds=...)``, the usual widths with default options, logits in the
+model's dtype."""
+
+import math
+
+import pytest
+import torch
+from comparisons import same_values
+from conftest import random_ids
+from transformers import AutoModelForCausalLM
+
+import ssmhub
+from ssmhub.models.configuration_recurrent import POOLINGS
+
+WIDTHS = (64, 128, 256, 512, 768)
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@torch.no_grad()
+def test_a_row_of_padding_only_gets_finite_logits_and_the_heads_bias(family, pooling):
+    """An empty text padded next to a real one (every position masked): the pooled features are zeros under every
+    pooling, so its logits are the score's bias (``"max"`` gave about -3e38 before, hence logits of 1e37), and the
+    real row is unchanged; labelled, the loss is finite."""
+    if family.sequence_classification is None:
+        pytest.skip(f"{family.name} has no sequence classifier")
+    torch.manual_seed(0)
+    model = family.sequence_classification(family.config(num_labels=3, classifier_pooling=pooling)).eval()
+    ids = random_ids(2, 7)
+    mask = torch.ones_like(ids)
+    ids[0], mask[0] = 0, 0  # row 0: padding only (pad_token_id 0)
+    out = model(ids, attention_mask=mask, labels=torch.tensor([1, 2]))
+    assert torch.isfinite(out.logits).all() and math.isfinite(out.loss.item())
+    # zeros through a linear map give its bias: the same op on the same bits (a matmul with a zero vector)
+    torch.testing.assert_close(out.logits[0], model.score.bias, atol=0, rtol=0)
+    alone = model(ids[1:], attention_mask=mask[1:]).logits
+    same_values(out.logits[1:], alone, what="the real row next to an empty one")  # a batch vs the row alone
+
+
+@torch.no_grad()
+def test_generate_from_inputs_embeds_gives_the_tokens_of_the_ids_that_made_them(causal_lm):
+    """``generate(inputs_embeds=E(ids), attention_mask=...)`` is accepted (transformers reads the signature of
+    ``prepare_inputs_for_generation``) and decodes greedily the tokens ``generate(ids)`` adds; left padding too.
+    Greedy tokens are the promised quantity: the first forward reads the same embedding rows either way."""
+    ids = random_ids(2, 6)
+    mask = torch.ones_like(ids)
+    ids[0, :2], mask[0, :2] = 0, 0  # left padding in row 0
+    options = {"max_new_tokens": 5, "do_sample": False, "attention_mask": mask}
+    from_ids = causal_lm.generate(ids, **options)
+    from_embeds = causal_lm.generate(inputs_embeds=causal_lm.get_input_embeddings()(ids), **options)
+    assert torch.equal(from_embeds, from_ids[:, ids.shape[1] :])  # integer token ids
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize(
+    "config_class", [ssmhub.DLRConfig, ssmhub.H3Config, ssmhub.SerpentConfig, ssmhub.BDLRNNConfig], ids=str
+)
+def test_every_usual_width_builds_with_the_default_options(config_class, width):
+    """A user's first config names only a width: every family builds and runs a forward at 64 ... 768 (H3's
+    attention keeps heads of width 64, SeRpEnt's base branch takes the remainder of the split)."""
+    torch.manual_seed(0)
+    config = config_class(hidden_size=width, num_hidden_layers=2, vocab_size=32)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        logits = model(random_ids(1, 3, vocab=32)).logits
+    assert logits.shape == (1, 3, 32) and torch.isfinite(logits).all()
+
+
+def test_a_users_own_heads_that_do_not_divide_the_width_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"H3Config.num_attention_heads \(12\) must divide H3Config.hidden_size"):
+        ssmhub.H3Config(hidden_size=256, num_attention_heads=12)
+    with pytest.raises(ValueError, match=r"SerpentConfig.hidden_size .* at least the number of branches"):
+        ssmhub.SerpentConfig(hidden_size=2, resampling_rates=[0.5, 0.1])
+
+
+def test_default_heads_and_branch_widths_follow_the_width():
+    assert [ssmhub.H3Config(hidden_size=w).num_attention_heads for w in WIDTHS] == [1, 2, 4, 8, 12]
+    config = ssmhub.SerpentConfig(hidden_size=256)  # 3 branches: 86 + 85 + 85
+    assert config.branch_widths(256) == (86, 85) and config.branch_size == 85
+
+
+@torch.no_grad()
+def test_a_bfloat16_model_returns_bfloat16_logits(family):
+    """As GPT-2: logits in the model's dtype (a float32 copy of a 50K-vocabulary output costs 0.8 GB per row at
+    4K tokens); the loss is still computed in float32 by transformers' loss functions."""
+    torch.manual_seed(0)
+    heads = [family.causal_lm, family.sequence_classification, family.token_classification]
+    for head in [h for h in heads if h is not None]:
+        model = head(family.config(num_labels=3)).to(torch.bfloat16).eval()
+        out = model(random_ids(2, 5))
+        assert out.logits.dtype == torch.bfloat16, head.__name__
