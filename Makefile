@@ -32,12 +32,13 @@ test-all: lint
 
 # The numerically sensitive tests again, on another machine than `make test`'s as far as one machine can be another:
 # other CPU kernels (AVX2 where the CPU has AVX-512, else ATen's scalar ones), one thread instead of every core, and
-# the tests in a shuffled order (its seed is printed: --random-order-seed=N replays it). No test may depend on
-# which: bits are asserted only where promised (tests/comparisons.py).
+# the tests in a shuffled order (make prints the seed: `make test-portable PORTABLE_SEED=N` replays it). No test may
+# depend on which: bits are asserted only where promised (tests/comparisons.py).
 PORTABLE_TESTS ?= tests/conformance tests/ops tests/layers tests/models
+PORTABLE_SEED ?= $(shell date +%s)
 test-portable: venv
 	ATEN_CPU_CAPABILITY=$$($(PY) -c 'import torch; print("default" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "avx2")') \
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --random-order-bucket=global $(PORTABLE_TESTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --random-order-bucket=global --random-order-seed=$(PORTABLE_SEED) $(PORTABLE_TESTS)
 
 # The oldest transformers setup.py admits, with the packages it needs, in a folder put ahead of the venv's own
 # (torch stays the venv's): the causal-LM conformance checks and the imports must pass with it too.
