@@ -62,14 +62,14 @@ def test_config_round_trip(family, tmp_path):
 
 
 def test_folder_loads_as_remote_code_without_ssmhub(family, tmp_path):
-    """The saved folder of each head the family has carries its code: a Python where ``import ssmhub``
-    fails loads it through its Auto class with trust_remote_code=True and gets the same logits within float32
-    round-off (``MODEL_REL`` of the largest: another process, whose thread count and kernels may differ), and the
-    causal LM generates."""
+    """The folder each head of the family saves with ``save_code=True`` carries its code: a Python where
+    ``import ssmhub`` fails loads it through its Auto class with trust_remote_code=True and gets the same logits
+    within float32 round-off (``MODEL_REL`` of the largest: another process, whose thread count and kernels may
+    differ), and the causal LM generates."""
     ids = random_ids(2, 9)
     heads = every_head(family)
     for name, model in heads.items():
-        model.save_pretrained(tmp_path / name)
+        model.save_pretrained(tmp_path / name, save_code=True)
         auto_map = json.loads((tmp_path / name / "config.json").read_text())["auto_map"]
         assert set(auto_map) >= {"AutoConfig", *heads}
     expected = {name: model(ids).logits for name, model in heads.items()}

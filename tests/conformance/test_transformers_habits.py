@@ -1,8 +1,13 @@
 """Habits a transformers user brings from GPT-2 and transformers' Mamba, every family: an empty row in a padded
 classification batch, ``generate(inputs_embeds=...)``, the usual widths with default options, logits in the
-model's dtype."""
+model's dtype, a saved folder's tokenizer loaded without ssmhub."""
 
+import json
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,3 +94,77 @@ def test_a_bfloat16_model_returns_bfloat16_logits(family):
         model = head(family.config(num_labels=3)).to(torch.bfloat16).eval()
         out = model(random_ids(2, 5))
         assert out.logits.dtype == torch.bfloat16, head.__name__
+
+
+def test_a_saved_folders_tokenizer_loads_without_ssmhub_and_without_a_prompt(tmp_path):
+    """As any transformers folder: ``AutoTokenizer.from_pretrained(folder)`` in a Python that never imports ssmhub
+    loads the tokenizer with no remote-code prompt and no warning about the config (transformers reads
+    ``config.json`` first; a folder whose ``auto_map`` names code would ask for approval, so code is opt-in)."""
+    from ssmhub.tokenization import train_bpe_tokenizer
+
+    lines = ["the river runs to the sea", "a tokenizer of a saved folder", "loads as transformers loads it"] * 4
+    tokenizer = train_bpe_tokenizer(lines, vocab_size=280, min_frequency=1)
+    tokenizer.save_pretrained(tmp_path)
+    ssmhub.DLRForCausalLM(
+        ssmhub.DLRConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, state_size=4)
+    ).save_pretrained(tmp_path)
+    expected = tokenizer("the river runs")["input_ids"]
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["ssmhub"] = None  # any import of ssmhub now raises ImportError
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(tmp_path)!r})
+        assert tokenizer("the river runs")["input_ids"] == {expected!r}
+        print("tokenizer OK")
+        """)
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "tokenizer OK", result.stdout  # no "Do you wish to run the custom code?"
+    # transformers, not knowing model_type "dlr" without ssmhub, still logs that it reads config.json as a plain
+    # PreTrainedConfig ("You are using a model of type `dlr` to instantiate a model of type ``"); nothing else
+    assert "custom code" not in result.stderr and "trust_remote_code" not in result.stderr, result.stderr[-3000:]
+    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_registering_for_an_auto_class_saves_the_code_as_transformers_does(tmp_path, monkeypatch):
+    """transformers' habit for custom models: ``register_for_auto_class`` makes ``save_pretrained`` (and so
+    ``push_to_hub``) write the code and ``auto_map``; ``save_code=True`` does it for one save."""
+    model = ssmhub.DLRForCausalLM(ssmhub.DLRConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4))
+    monkeypatch.setattr(ssmhub.DLRForCausalLM, "_saves_code", False)  # put back after the test
+    ssmhub.DLRForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    model.save_pretrained(tmp_path / "registered")
+    model.save_pretrained(tmp_path / "opted-out", save_code=False)
+    monkeypatch.setattr(ssmhub.DLRForCausalLM, "_saves_code", False)
+    model.save_pretrained(tmp_path / "one-save", save_code=True)
+    for name, has_code in [("registered", True), ("opted-out", False), ("one-save", True)]:
+        auto_map = json.loads((tmp_path / name / "config.json").read_text()).get("auto_map", {})
+        assert ("AutoModelForCausalLM" in auto_map) is has_code, name
+        assert (tmp_path / name / "modeling_dlr.py").exists() is has_code, name
+
+
+def test_save_pretrained_pushing_to_the_hub_uploads_the_code_too(tmp_path, monkeypatch):
+    """``save_pretrained(push_to_hub=True, save_code=True)`` uploads once, after the code is written (transformers'
+    own upload would run before it)."""
+    import huggingface_hub
+
+    uploads = []
+
+    class RecordingApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, private=None, exist_ok=False):
+            return type("RepoUrl", (), {"repo_id": f"me/{repo_id}"})()
+
+        def upload_folder(self, folder_path, repo_id, commit_message=None, create_pr=False):
+            uploads.append((repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+            return "https://hf.co/me/commit"
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
+    model = ssmhub.DLRForCausalLM(ssmhub.DLRConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4))
+    model.save_pretrained(tmp_path / "tiny-dlr", push_to_hub=True, save_code=True)
+    assert len(uploads) == 1 and uploads[0][0] == "me/tiny-dlr"
+    assert {"config.json", "model.safetensors", "modeling_dlr.py", "configuration_dlr.py"} <= set(uploads[0][1])

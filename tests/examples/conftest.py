@@ -22,7 +22,7 @@ def tiny_corpus(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory, tiny_corpus) -> Path:
-    """A saved tiny DLR language model folder with its tokenizer."""
+    """A saved tiny DLR language model folder with its tokenizer and its code (lm-eval loads it as remote code)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -40,6 +40,6 @@ def tiny_lm(tmp_path_factory, tiny_corpus) -> Path:
         bos_token_id=tokenizer.bos_token_id,
     )
     folder = tmp_path_factory.mktemp("tiny-lm")
-    ssmhub.DLRForCausalLM(config).save_pretrained(folder)
+    ssmhub.DLRForCausalLM(config).save_pretrained(folder, save_code=True)
     tokenizer.save_pretrained(folder)
     return folder

@@ -124,3 +124,13 @@ def test_the_model_card_names_the_base_model(where, metadata):
     )  # fmt: skip
     assert f"from `{where}`" in card and f"the one of `{where}`" in card
     assert ("base_model: org/name\n---" in card) is metadata
+
+
+@pytest.mark.parametrize("with_code", [True, False])
+def test_the_model_card_says_how_to_load_without_ssmhub_only_when_the_code_was_saved(with_code):
+    card = render_model_card(
+        model_type="dlr", model_config={}, train_config={"dataset": "pg19"}, steps=1, tokens_seen=16, metrics={},
+        repo_id="org/name", with_code=with_code,
+    )  # fmt: skip
+    assert ('from_pretrained("org/name", trust_remote_code=True)' in card) is with_code
+    assert ("without `--save_code`" in card) is not with_code

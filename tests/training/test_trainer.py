@@ -29,7 +29,9 @@ def test_outputs_of_a_run(finished_run):
     assert (out / "loss.png").stat().st_size > 1000
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6", "tokenizer"]
     card = (out / "README.md").read_text()
-    assert "import ssmhub" in card and "trust_remote_code=True" in card and "wikitext-2" in card
+    assert "import ssmhub" in card and "wikitext-2" in card
+    assert "trust_remote_code=True)" not in card and "--save_code" in card  # saved without code: no remote code
+    assert not (out / "modeling_dlr.py").exists()
     assert "384" in card  # tokens seen: 6 steps x 4 windows x 16 tokens
 
     model = AutoModelForCausalLM.from_pretrained(out).eval()

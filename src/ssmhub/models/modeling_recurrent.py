@@ -235,19 +235,48 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             groups[2]["lr"] = recurrence_lr
         return [g for g in groups if g["params"]]
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        """Save weights (safetensors) and config, plus the model's code so that the folder loads
-        with ``trust_remote_code=True`` where ssmhub is not installed.
+    _saves_code = False  # set by register_for_auto_class
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel"):
+        """As transformers: from now on ``save_pretrained`` and ``push_to_hub`` write the model's code and
+        ``auto_map``. ssmhub bundles its tiered code itself (``remote_code.py``), all heads of the family at
+        once, so transformers' flat copy of one module is not used and the class stays local code."""
+        super().register_for_auto_class(auto_class)  # checks the name of the Auto class
+        cls._auto_class = None
+        cls._saves_code = True
+
+    def save_pretrained(self, save_directory, *args, save_code: bool | None = None, **kwargs):
+        """Save weights (safetensors) and config; with ``save_code``, also the model's code, so that the
+        folder loads with ``trust_remote_code=True`` where ssmhub is not installed.
+
+        ``save_code`` defaults to transformers' habit for custom models: on once the class is registered
+        with :meth:`register_for_auto_class` (e.g. ``DLRForCausalLM.register_for_auto_class("AutoModelForCausalLM")``
+        before ``push_to_hub``), else off. A folder without code is a plain transformers folder: its tokenizer
+        loads with ``AutoTokenizer.from_pretrained(folder)`` and no remote-code prompt, and the model with
+        ``from_pretrained`` after ``import ssmhub``. (transformers reads ``config.json`` before any tokenizer,
+        so a folder whose ``auto_map`` names code asks for remote-code approval even for its tokenizer.)
 
         The config is checked first (``config.check_fields()``): one edited into an invalid state after
         the model was built raises a ValueError naming the field before anything is written, instead
         of saving a folder that ``from_pretrained`` refuses."""
         self.config.check_fields()
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True) and __name__.startswith("ssmhub."):
-            from .remote_code import write_remote_code
+        if save_code is None:
+            save_code = type(self)._saves_code
+        save_code = save_code and kwargs.get("is_main_process", True) and __name__.startswith("ssmhub.")
+        if not save_code:
+            super().save_pretrained(save_directory, *args, **kwargs)
+            return
+        from .remote_code import push_saved_folder, write_remote_code
 
-            write_remote_code(type(self), os.fspath(save_directory))
+        push = kwargs.pop("push_to_hub", False)
+        hub_options = {
+            name: kwargs.pop(name) for name in ("repo_id", "commit_message", "create_pr", "private") if name in kwargs
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(type(self), os.fspath(save_directory))
+        if push:  # after the code is written, so the upload carries it
+            push_saved_folder(save_directory, token=kwargs.get("token"), **hub_options)
 
 
 def _states_to_record(cache: RecurrentCache | None, seq_len: int, rollback: int, starts) -> int:

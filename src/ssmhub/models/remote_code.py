@@ -18,7 +18,7 @@ from pathlib import Path
 from ..fileio import write_json_atomic, write_text_atomic
 from .auto import FAMILIES
 
-__all__ = ["bundle_sources", "write_remote_code"]
+__all__ = ["bundle_sources", "push_saved_folder", "write_remote_code"]
 
 PACKAGE = "ssmhub"
 
@@ -107,3 +107,23 @@ def write_remote_code(model_class: type, save_directory: str) -> dict[str, str]:
     config["auto_map"] = auto_map
     write_json_atomic(config_path, config, sort_keys=True)
     return auto_map
+
+
+def push_saved_folder(
+    folder,
+    repo_id: str | None = None,
+    token=None,
+    commit_message: str | None = None,
+    create_pr: bool = False,
+    private: bool | None = None,
+) -> str:
+    """Upload a folder that ``save_pretrained(..., push_to_hub=True, save_code=True)`` wrote, code included
+    (transformers' own upload runs before the code is written); ``repo_id`` defaults to the folder's name,
+    as in transformers. Returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id or Path(folder).name, private=private, exist_ok=True).repo_id
+    return str(
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message=commit_message, create_pr=create_pr)
+    )

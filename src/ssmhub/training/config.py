@@ -79,6 +79,9 @@ class TrainConfig:
     allow_schedule_change: bool = False
     report_to: list[str] = field(default_factory=list)  # accelerate trackers (log_with), e.g. ["tensorboard"]
     # publishing
+    # write the model's code into output_dir too (auto_map), so it loads with trust_remote_code=True where ssmhub
+    # is not installed; transformers then asks for remote-code approval even to load the folder's tokenizer
+    save_code: bool = False
     push_to_hub: bool = False
     hub_model_id: str | None = None  # "org/name"; the token comes from $HF_TOKEN
     hub_private: bool = False

@@ -21,6 +21,19 @@ def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+_WITH_CODE = """Without ssmhub, the folder carries the model's code (saved with `--save_code`):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{where}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{where}", trust_remote_code=True)
+```"""
+
+_WITHOUT_CODE = """The tokenizer is a plain transformers tokenizer and loads without ssmhub
+(`AutoTokenizer.from_pretrained("{where}")`); the model needs `pip install ssmhub` (this folder was saved
+without `--save_code`, so it carries no code for `trust_remote_code=True`)."""
+
 # The model card; render_model_card fills its fields (str.format).
 _MODEL_CARD = """---
 library_name: transformers
@@ -58,14 +71,7 @@ model = AutoModelForCausalLM.from_pretrained("{where}")
 tokenizer = AutoTokenizer.from_pretrained("{where}")
 ```
 
-Without ssmhub, the folder carries the model's code:
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("{where}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{where}", trust_remote_code=True)
-```
+{without_ssmhub}
 
 ## Model config
 
@@ -90,6 +96,7 @@ def render_model_card(
     tokens_seen: int,
     metrics: dict,
     repo_id: str | None = None,
+    with_code: bool = False,
 ) -> str:
     """The README.md of a trained model folder: family, config, data, steps, tokens, metrics and how to load it."""
     size_fields = [k for k in ("hidden_size", "num_hidden_layers", "state_size", "vocab_size") if k in model_config]
@@ -113,6 +120,7 @@ def render_model_card(
         tokenizer=tokenizer,
         metric_rows="\n".join(f"| {name} | {_fmt(value)} |" for name, value in metrics.items()),
         where=repo_id or "path/to/this/folder",
+        without_ssmhub=(_WITH_CODE if with_code else _WITHOUT_CODE).format(where=repo_id or "path/to/this/folder"),
         model_config_json=json.dumps(model_config, indent=2, sort_keys=True, default=str),
         train_config_json=json.dumps(train_config, indent=2, sort_keys=True, default=str),
     )

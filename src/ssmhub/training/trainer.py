@@ -746,7 +746,7 @@ def _save_model_folder(setup: _TrainingSetup, steps: int, tokens_seen: int, metr
     """Model, tokenizer, loss plot and model card into ``output_dir``."""
     config, output_dir = setup.config, setup.output_dir
     model = setup.accelerator.unwrap_model(setup.model)
-    model.save_pretrained(output_dir)
+    model.save_pretrained(output_dir, save_code=config.save_code)
     setup.tokenizer.save_pretrained(output_dir)
     plot_losses(MetricsLogger.read(output_dir), output_dir / "loss.png")
     write_model_card(
@@ -758,4 +758,5 @@ def _save_model_folder(setup: _TrainingSetup, steps: int, tokens_seen: int, metr
         tokens_seen=tokens_seen,
         metrics=metrics,
         repo_id=config.hub_model_id if config.push_to_hub else None,
+        with_code=config.save_code,
     )
