@@ -23,8 +23,6 @@ from .fileio import atomic_path
 
 __all__ = ["config_hash", "model_identity", "read_cache_file", "weights_fingerprint", "write_cache_file"]
 
-LayerStates = list[dict[str, torch.Tensor] | None]
-
 FORMAT = "ssmhub-recurrent-cache"
 VERSION = "1"
 # config fields that say how a model is stored or called, not what it computes
@@ -74,28 +72,26 @@ def model_identity(model) -> dict[str, str]:
     }
 
 
-def write_cache_file(layers: LayerStates, seen_tokens: int, path: str | os.PathLike, model) -> None:
-    """Write a cache's layer states and token count (a prefilled prompt of ``model``) to ``path``, atomically.
+def write_cache_file(state: dict[str, torch.Tensor], path: str | os.PathLike, model) -> None:
+    """Write a cache's :meth:`~ssmhub.cache.RecurrentCache.state_dict` (a prefilled prompt of ``model``) to
+    ``path``, atomically: its ``layers.<i>.<field>`` tensors, and its token count in the metadata with ``model``'s
+    identity.
 
     Raises a ValueError naming ``cache`` if it is empty (nothing prefilled) or holds a different number of
     layers than ``model``.
     """
-    batch_size = next((next(iter(state.values())).shape[0] for state in layers if state), None)
-    if batch_size is None or seen_tokens == 0:
+    seen_tokens = int(state.get("seen_tokens", 0))
+    tensors = {key: t.contiguous().cpu() for key, t in state.items() if key != "seen_tokens"}
+    if not tensors or seen_tokens == 0:
         raise ValueError("cache is empty: prefill a prompt into it (model(ids, use_cache=True)) before saving it")
-    if len(layers) != model.config.num_hidden_layers:
-        raise ValueError(f"cache has {len(layers)} layers but the model has {model.config.num_hidden_layers}")
-    tensors = {
-        f"layers.{i}.{name}": tensor.detach().contiguous().cpu()
-        for i, state in enumerate(layers)
-        if state is not None
-        for name, tensor in state.items()
-    }
+    layers = {int(key.split(".")[1]) for key in tensors}
+    if max(layers) >= model.config.num_hidden_layers:
+        raise ValueError(f"cache has {max(layers) + 1} layers but the model has {model.config.num_hidden_layers}")
     metadata = {
         "format": FORMAT,
         "version": VERSION,
         **model_identity(model),
-        "batch_size": str(batch_size),
+        "batch_size": str(next(iter(tensors.values())).shape[0]),
         "seen_tokens": str(seen_tokens),
     }
     with atomic_path(path) as tmp:
@@ -126,8 +122,8 @@ def _check_identity(saved: dict[str, str], model, batch_size: int | None, path) 
         )
 
 
-def read_cache_file(path: str | os.PathLike, model, batch_size: int | None = None) -> tuple[LayerStates, int]:
-    """The layer states (on ``model``'s device) and token count of a file written by :func:`write_cache_file`.
+def read_cache_file(path: str | os.PathLike, model, batch_size: int | None = None) -> dict[str, torch.Tensor]:
+    """The :meth:`~ssmhub.cache.RecurrentCache.state_dict` (on the CPU) stored by :func:`write_cache_file`.
 
     Args:
         path: the file. model: the model it must belong to (same family, config, weights and dtype).
@@ -141,8 +137,5 @@ def read_cache_file(path: str | os.PathLike, model, batch_size: int | None = Non
     with safe_open(os.fspath(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     _check_identity(metadata, model, batch_size, path)
-    layers: LayerStates = [None] * model.config.num_hidden_layers
-    for key, tensor in load_file(os.fspath(path), device=str(model.device)).items():
-        _, index, name = key.split(".", 2)
-        layers[int(index)] = {**(layers[int(index)] or {}), name: tensor}
-    return layers, int(metadata["seen_tokens"])
+    state = load_file(os.fspath(path))
+    return {**state, "seen_tokens": torch.tensor(int(metadata["seen_tokens"]), dtype=torch.int64, device="cpu")}

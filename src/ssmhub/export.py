@@ -85,20 +85,6 @@ def initial_decode_states(model, batch_size: int = 1, max_length: int = 2048) ->
     return [_boundary(t).contiguous() for state in static_states(model, batch_size, max_length) for t in state.values()]
 
 
-class _StateList:
-    """The two methods of :class:`~ssmhub.cache.RecurrentCache` the block stack calls, over plain dicts: the step
-    reads each layer's state and keeps the new one, functionally (nothing is written in place)."""
-
-    def __init__(self, states: list[dict[str, torch.Tensor]]):
-        self.states = states
-
-    def get(self, idx: int) -> dict[str, torch.Tensor]:
-        return self.states[idx]
-
-    def update(self, idx: int, state: dict[str, torch.Tensor]) -> None:
-        self.states[idx] = state
-
-
 class DecodeStep(nn.Module):
     """The decode step of an ssmhub causal LM as a pure function of flat tensors (see the module docstring).
 
@@ -121,13 +107,12 @@ class DecodeStep(nn.Module):
         for spec, tensor in zip(self.specs, states):
             layers[spec.layer][spec.field] = torch.view_as_complex(tensor) if spec.is_complex else tensor
         backbone = self.model.backbone
-        cache = _StateList(layers)
         hidden = backbone.embeddings(input_ids)  # (B, 1, H)
-        hidden, _ = backbone._run_layers(hidden, None, cache, True, None, False)
+        hidden, layers = backbone.run_layers(hidden, layers)
         if backbone.norm_f is not None:
             hidden = backbone.norm_f(hidden)
         logits = self.model.lm_head(hidden[:, -1]).float()  # (B, vocab)
-        return (logits, *(_boundary(cache.states[spec.layer][spec.field]) for spec in self.specs))
+        return (logits, *(_boundary(layers[spec.layer][spec.field]) for spec in self.specs))
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         """Inputs to trace with: token 0 and the states before the first token."""

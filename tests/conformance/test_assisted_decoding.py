@@ -2,10 +2,10 @@
 
 Oracles: after a recording forward of k tokens, ``cache.crop`` returns to the state after any of them, equal within
 float32 round-off to a cache fed only those tokens (the crop replays them in one forward from the states before the
-recorded forward, or the next forward runs them ahead of its own; the references feed them likewise, but in
-forwards of their own, whose kernels may round otherwise: ``same_states``, ``MODEL_REL``); greedy assisted decoding
-(every draft rejected, all accepted, a draft of another family) and prompt lookup give plain greedy decoding's
-tokens, one for one (token ids: exact)."""
+recorded forward, or, in assisted decoding, the next forward runs them ahead of its own; the references feed them
+likewise, but in forwards of their own, whose kernels may round otherwise: ``same_states``, ``MODEL_REL``); greedy
+assisted decoding (every draft rejected, all accepted, a draft of another family) and prompt lookup give plain greedy
+decoding's tokens, one for one (token ids: exact)."""
 
 import copy
 
@@ -18,6 +18,7 @@ from torch import nn
 
 import ssmhub
 from ssmhub.models.cache_argument import CACHE_FIELD
+from ssmhub.models.generation import record_for_assisted_decoding
 
 DECODERS = [f for f in FAMILIES if f.causal_lm is not None]
 
@@ -95,16 +96,16 @@ def test_rollback_within_a_first_forward(decoder):
 
 @torch.no_grad()
 def test_the_next_forward_absorbs_a_crop_replay(decoder):
-    """A crop's replay waits for the next forward, which runs the kept tokens ahead of its own in one pass (each
-    layer called once): its logits and the cache then equal, within float32 round-off, those of a cache fed the
-    kept and the new tokens in one forward; a cache read before any forward replays first (``layers``, as in
-    the rollback test above)."""
+    """In assisted decoding a crop's replay waits for the next forward, which runs the kept tokens ahead of its own
+    in one pass (each layer called once): its logits and the cache then equal, within float32 round-off, those of
+    a cache fed the kept and the new tokens in one forward (a crop outside it replays at once, as in the rollback
+    test above)."""
     model = build(decoder)
     ids = random_ids(2, 16)
     prompt, k, new = 8, 5, 3
     for kept in (1, 2, k - 1):  # a crop that keeps some tokens and drops others
         cache = getattr(model(ids[:, :prompt], use_cache=True), CACHE_FIELD)
-        cache.activate_past_recording()
+        record_for_assisted_decoding(cache)  # as generate does for assisted decoding
         model(ids[:, prompt : prompt + k], cache=cache, use_cache=True)
         first_layer = _CountForwards(model.backbone.layers[0])
         cache.crop(-(k - kept))

@@ -58,3 +58,24 @@ def test_a_static_cache_refuses_more_tokens_than_its_slots_before_the_forward(fa
         return
     with pytest.raises(ValueError, match="static cache holds 6 tokens; it has 5 and got 2 more"):
         model(random_ids(1, 2), cache=cache, use_cache=True)
+
+
+@torch.no_grad()
+def test_a_distilled_h3_decode_step_reads_nothing_back():
+    """A distilled H3 whose heads straddle the tolerance (some modal at several orders, some exact) keeps its head
+    groups between steps instead of reading its fit's buffers (``unique().tolist()``, ``nonzero``) every token."""
+    import ssmhub
+
+    torch.manual_seed(0)
+    config = ssmhub.H3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, max_kernel_length=32,
+                             attention_layers=[], ssm_num_heads=8)  # fmt: skip
+    model = ssmhub.H3ForCausalLM(config).eval()
+    model.distill_for_decoding(8, tolerance=0.3)
+    ids = random_ids(2, 6, vocab=64)
+    cache = model.static_cache(batch_size=2, max_length=16)
+    model(ids, cache=cache, use_cache=True)
+    model(ids[:, :1], cache=cache, use_cache=True)  # the first step keeps the head groups
+    with _NoHostReads():
+        for t in range(1, 4):
+            model(ids[:, t : t + 1], cache=cache, use_cache=True)
+    assert cache.get_seq_length() == 10

@@ -223,12 +223,12 @@ def test_hankel_singular_values_per_layer_and_head():
     ],
 )
 def test_bad_distillation_requests_fail_before_any_fitting(kwargs, message, monkeypatch):
-    import ssmhub.layers.h3 as h3
+    import ssmhub.layers.h3_distillation as distillation
 
     def no_fitting(*args, **kwargs):
         raise AssertionError("fitted before checking the request")
 
-    monkeypatch.setattr(h3, "fit_modal_kernels", no_fitting)
+    monkeypatch.setattr(distillation, "fit_modal_kernels", no_fitting)
     model = ssmhub.H3ForCausalLM(tiny_config(num_hidden_layers=3, attention_layers=[1]))
     with pytest.raises(ValueError, match=message):
         model.distill_for_decoding(**kwargs)

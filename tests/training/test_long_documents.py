@@ -228,3 +228,26 @@ def test_a_hybrid_with_a_sliding_window_trains_statefully(tiny_data_dir, tmp_pat
     main(tiny_args(tiny_data_dir, tmp_path / "run", stateful=None, max_steps=2, model_type="h3",
                    model_config=json.dumps(config)))  # fmt: skip
     assert losses(tmp_path / "run")
+
+
+def test_carried_states_are_the_caches_one_format_and_old_checkpoints_still_load(tmp_path):
+    """A checkpoint's carried states are the cache's ``state_dict`` as safetensors; a checkpoint written before
+    (``stateful_states-<p>.pt``, ``torch.save`` of the layer dicts) loads into the same states."""
+    model = _model()
+    batches = StatefulBatches(DocumentStreams(_stream(), rows=2, seq_len=8, seed=0), slice(0, 2), 2, "cpu")
+    with torch.no_grad():
+        model(**{k: v for k, v in batches.next_inputs().items() if k not in ("labels", "shift_labels")})
+    batches.save(tmp_path, 0)
+    assert states_file(tmp_path, 0).suffix == ".safetensors"
+    old = tmp_path / "old"
+    old.mkdir()
+    legacy = {"layers": [{k: v.clone() for k, v in layer.items()} for layer in batches.cache.layers],
+              "seen_tokens": batches.cache.seen_tokens}  # fmt: skip
+    torch.save(legacy, old / "stateful_states-0.pt")
+    for folder in (tmp_path, old):
+        resumed = StatefulBatches(DocumentStreams(_stream(), rows=2, seq_len=8, seed=0), slice(0, 2), 2, "cpu")
+        resumed.load(folder, 0, batches.streams.state_dict())
+        assert resumed.cache.seen_tokens == batches.cache.seen_tokens == 8
+        for got, saved in zip(resumed.cache.layers, batches.cache.layers):
+            assert got.keys() == saved.keys()
+            assert all(torch.equal(got[k], saved[k]) for k in saved)  # a copy: the same bits

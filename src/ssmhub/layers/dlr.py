@@ -30,6 +30,7 @@ from ..ops.dlr import dlr_init, dlr_kernel, dlr_scan, dlr_scan_recurrent, dlr_st
 from ..ops.fftconv import fft_conv
 from .dlr_options import DLROptions
 from .initial_values import fill_initial_values
+from .memo import can_keep, kept, tensor_versions
 from .mixer import TokenMixer
 
 __all__ = ["DLRMixer", "DLROptions"]
@@ -116,7 +117,6 @@ class DLRMixer(TokenMixer):
         self.use_glu = options.use_glu
         self.output_linear = nn.Linear(hidden_size, 2 * hidden_size if self.use_glu else hidden_size)
         self.causal = not bidirectional
-        self._kronecker_memo = None  # (parameter versions, recurrence) of DLR-prod, see _recurrence
 
     # ----------------------------------------------------------------------------- parameters
     def _modal_form(self, direction: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,16 +135,14 @@ class DLRMixer(TokenMixer):
         """
         if self.kernel_type != "prod":
             return (*self._modal_form(0), "real")
-        if torch.compiler.is_compiling():  # a traced step (compile, export) has no data pointers to key a memo on
+
+        def build():
             return (*kronecker_dlr(*self._modal_form(0)), "half_imag")
+
+        if not can_keep():
+            return build()
         params = (self.ssm.log_lambda_re, self.ssm.log_lambda_im, self.ssm.weight)
-        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
-        if torch.is_grad_enabled() or self._kronecker_memo is None or self._kronecker_memo[0] != key:
-            value = (*kronecker_dlr(*self._modal_form(0)), "half_imag")
-            if torch.is_grad_enabled():
-                return value
-            self._kronecker_memo = (key, value)
-        return self._kronecker_memo[1]
+        return kept(self, "_kronecker_memo", tensor_versions(params), build)
 
     def kernel(self, length: int, direction: int = 0) -> torch.Tensor:
         """The (H, length) float32 convolution kernel of one direction."""

@@ -23,12 +23,18 @@ What this implements vs the code:
   absorbed by the output Linear).
 - The H3 code has no masking; here padding is zeroed (see below).
 
+Step 4 has three forms (:mod:`ssmhub.layers.h3_convolutions`, one class each behind one interface, chosen
+from the options in one place): the learned kernel above; the original H3's diagonal SSM (``kernel_type=
+"diagonal_ssm"``); and the learned kernel distilled into modal form (:meth:`H3Mixer.distill`,
+:mod:`ssmhub.layers.h3_distillation`). The shift kernel's options are chosen by
+:meth:`H3Options.shift_kernel_options <ssmhub.layers.h3_options.H3Options.shift_kernel_options>`.
+
 Decoding is exact: :meth:`H3Mixer.step` keeps the last ``shift_kernel_size − 1`` k inputs and the last
 ``max_kernel_length − 1`` kv inputs in fixed-shape windows (taps reach back L_max − 1 positions; an input
 further back meets a zero tap), so each token costs O(d·d_h·L_max), and a forward pass handed a state
 continues from it (prefill). An explicit length-L kernel has no smaller exact state (the long-conv paper
 gives no recurrent mode; its Prop. 2, App. D.2, needs state L); :meth:`H3Mixer.kernel` exposes the effective
-kernel so that a distilled (modal SSM) decode can be fitted to it later.
+kernel, which a distilled (modal SSM) decode fits in O(N) per channel.
 
 Padding: masked positions are zeroed in the input and again in k and v after the biased projection,
 so they contribute nothing to either convolution; zeros at the front of a causal convolution add
@@ -37,86 +43,22 @@ nothing wherever they sit, so a left-padded row gives the same outputs as the ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from ..ops.longconv import causal_conv, causal_conv_step
-from ..ops.modal import (
-    ModalKernel,
-    fit_modal_kernels,
-    hankel_singular_values,
-    max_modes,
-    modal_kernel,
-    modal_scan,
-    modal_step,
-)
+from ..ops.longconv import causal_conv_step
+from ..ops.modal import ModalKernel, hankel_singular_values
 from ..ops.short_conv import causal_depthwise_conv, conv_window
-from .diagonal_ssm import DiagonalSSMKernel
+from .h3_convolutions import DistilledConvolution, long_convolution
+from .h3_distillation import DistillationReport, HeadFits, ModalForm, check_distill_request
 from .h3_options import H3Options
 from .longconv import LongConvKernel
-from .longconv_options import LongConvOptions
 from .mixer import TokenMixer
 
 __all__ = ["DistillationReport", "H3Mixer", "H3Options"]
 # Longest unregularized shift kernel run as a direct FIR (H3Mixer._shift): up to this many taps, shifted
 # multiply-adds cost less than an FFT convolution of the whole sequence.
 DIRECT_SHIFT_MAX_TAPS = 16
-
-
-def _shift_kernel_options(options: H3Options) -> LongConvOptions:
-    """The shift kernel's options: the long kernel's with ``regularize_shift_kernel`` (safari's ``H3Conv``), else
-    H3's shift SSM, a Conv1d init without regularization, on the same FFT backend."""
-    if options.regularize_shift_kernel:
-        return LongConvOptions.take(options)
-    return LongConvOptions(
-        kernel_init="conv",
-        geometric_convention=options.geometric_convention,
-        fft_backend=options.fft_backend,
-        butterfly_block_size=options.butterfly_block_size,
-    )
-
-
-class ModalForm(nn.Module):
-    """Buffers of a long kernel's modal fit (:class:`~ssmhub.ops.modal.ModalKernel`): poles
-    ``exp(log_modulus + i·phase)``, residues, direct term and the fit's relative error, per head; and, per head,
-    how many of the ``num_modes`` slots its fit uses (``head_modes``, the rest are zero-residue padding) and
-    whether the head is left on exact decoding (``exact_heads``: its fit missed the tolerance)."""
-
-    def __init__(self, num_heads: int, num_modes: int, device=None):
-        super().__init__()
-        for name, shape in (
-            ("log_modulus", (num_heads, num_modes)),
-            ("phase", (num_heads, num_modes)),
-            ("residues", (num_heads, num_modes, 2)),
-            ("direct", (num_heads,)),
-            ("relative_error", (num_heads,)),
-        ):
-            self.register_buffer(name, torch.zeros(shape, dtype=torch.float32, device=device))
-        self.register_buffer("head_modes", torch.full((num_heads,), num_modes, dtype=torch.long, device=device))
-        self.register_buffer("exact_heads", torch.zeros(num_heads, dtype=torch.bool, device=device))
-
-
-@dataclass
-class DistillationReport:
-    """What :meth:`H3Mixer.distill` did to one layer (per head tensors are (H,) on the CPU).
-
-    Attributes:
-        orders: modes kept per head (0 for a head left exact).
-        errors: relative L2 error of the kernel each head now computes with (0 for an exact head).
-        fit_errors: the smallest error any order within the budget reached (what made a head exact).
-        exact_heads: indices of the heads left on exact decoding.
-        state_bytes: decode state of this layer's long convolution per sequence (modal + windows).
-        exact_state_bytes: the same for the undistilled layer (a window of L_max − 1 inputs per channel).
-    """
-
-    orders: torch.Tensor
-    errors: torch.Tensor
-    fit_errors: torch.Tensor
-    exact_heads: list[int]
-    state_bytes: int
-    exact_state_bytes: int
 
 
 class H3Mixer(TokenMixer):
@@ -139,22 +81,15 @@ class H3Mixer(TokenMixer):
         self.in_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)  # q, k, v
         # a short kernel without regularization runs as a direct FIR, see _shift
         self.direct_shift = self.shift_kernel_size <= DIRECT_SHIFT_MAX_TAPS and not options.regularize_shift_kernel
-        self.shift_conv = LongConvKernel(hidden_size, self.shift_kernel_size, _shift_kernel_options(options))
-        if self.kernel_type == "diagonal_ssm":
-            self.long_conv = DiagonalSSMKernel(num_heads, options.ssm_state_size)
-        else:
-            self.long_conv = LongConvKernel(num_heads, self.max_kernel_length, options)
+        self.shift_conv = LongConvKernel(hidden_size, self.shift_kernel_size, options.shift_kernel_options())
+        self.convolution = long_convolution(options, num_heads, device=self.in_proj.weight.device)  # step 4's form
+        self.long_conv = self.convolution.long_conv  # its parameters, ``long_conv.*``
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
-        self.decode_num_modes = None
-        if options.decode_num_modes is not None:
-            self._register_modal_buffers(options.decode_num_modes)
+        self.decode_num_modes = options.decode_num_modes
+        if self.convolution.modal is not None:
+            self.ssm = self.convolution.modal  # a distilled layer's modal fit, ``ssm.*`` (float32 on a half load)
 
-    # ----------------------------------------------------------------------------- distilled (modal) mode
-    def _register_modal_buffers(self, num_modes: int) -> None:
-        """Hold the fitted modal form in a submodule named ``ssm`` (kept float32 on a half-precision load)."""
-        self.decode_num_modes = num_modes
-        self.ssm = ModalForm(self.num_heads, num_modes, device=self.out_proj.weight.device)  # beside the weights
-
+    # ----------------------------------------------------------------------------- modal forms, distillation
     @property
     def distilled(self) -> bool:
         """True once the long convolution is replaced by its modal (diagonal SSM) fit."""
@@ -163,67 +98,30 @@ class H3Mixer(TokenMixer):
     @property
     def modal_state(self) -> bool:
         """True when the layer decodes with an O(N) modal state: distilled, or a diagonal SSM."""
-        return self.distilled or self.kernel_type == "diagonal_ssm"
+        return self.num_state_modes is not None
 
     @property
     def num_state_modes(self) -> int | None:
         """N of the modal state (None when the layer decodes exactly with a window of L_max − 1 inputs); for a
         distilled layer the most modes any of its distilled heads uses (0 when every head was left exact)."""
-        if self.kernel_type == "diagonal_ssm":
-            return self.long_conv.state_size
-        if not self.distilled:
-            return None
-        modes = self.ssm.head_modes[~self.ssm.exact_heads]
-        return int(modes.max()) if modes.numel() else 0
-
-    def _modal_groups(self) -> list[tuple[str, int, torch.Tensor]]:
-        """``(state name, order, head indices)`` per order used by a distilled layer's modal heads, ascending.
-
-        Heads of one order share one modal state of exactly that width, so no head's state is padded to the
-        largest order of the layer. A layer whose modal heads all use one order names its state ``kv_state``
-        (a fully distilled layer); with several orders the states are ``kv_state_{order}``.
-        """
-        modal, _ = self._head_split()
-        modes = self.ssm.head_modes[modal]
-        orders = modes.unique().tolist()  # sorted
-        return [
-            ("kv_state" if len(orders) == 1 else f"kv_state_{order}", order, modal[modes == order]) for order in orders
-        ]
-
-    def _head_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(modal head indices, exact head indices) of a distilled layer; a diagonal SSM is all modal."""
-        if self.distilled:
-            exact = self.ssm.exact_heads
-        else:
-            exact = torch.zeros(self.num_heads, dtype=torch.bool, device=self.out_proj.weight.device)
-        return (~exact).nonzero().flatten(), exact.nonzero().flatten()
+        return self.convolution.num_state_modes
 
     def modal_form(self, heads: torch.Tensor | None = None, modes: int | None = None) -> ModalKernel:
         """The modal form of the long kernel: the diagonal SSM's own, or the distilled fit (see
         :func:`ssmhub.ops.modal.fit_modal_kernel`); with ``heads``, those heads' fits cut to their first ``modes``
         modes (default: the most any distilled head uses)."""
-        if self.kernel_type == "diagonal_ssm":
-            return self.long_conv.modal()
-        if not self.distilled:
-            raise ValueError("this H3 layer is not distilled: call distill(num_modes) first")
-        m = self.ssm
-        form = ModalKernel(m.log_modulus, m.phase, m.residues, m.direct, m.relative_error)
-        if heads is None:
-            return form
-        modes = self.num_state_modes if modes is None else modes
-        return ModalKernel(
-            *(
-                getattr(form, f)[heads][:, :modes] if getattr(form, f).dim() > 1 else getattr(form, f)[heads]
-                for f in form.__dataclass_fields__
-            )
-        )
+        return self.convolution.modal_form(heads, modes)
+
+    def _learned(self, purpose: str = "") -> LongConvKernel:
+        """The learned long kernel's module (a ValueError for a diagonal SSM: it is modal already)."""
+        if self.convolution.learned is None:
+            raise ValueError(f"a diagonal-SSM H3 layer has no long convolution{purpose}: it is already modal")
+        return self.convolution.learned
 
     def hankel_singular_values(self) -> torch.Tensor:
         """The Hankel singular values (H, L_max − 1) of each head's learned kernel, descending
         (:func:`ssmhub.ops.modal.hankel_singular_values`): how many modes a head needs before distilling it."""
-        if self.kernel_type == "diagonal_ssm":
-            raise ValueError("a diagonal-SSM H3 layer has no long convolution: it is already modal")
-        return hankel_singular_values(self.long_conv(self.max_kernel_length).detach().float().cpu())
+        return hankel_singular_values(self._learned()(self.max_kernel_length).detach().float().cpu())
 
     @torch.no_grad()
     def distill(self, num_modes: int, tolerance: float | None = None, method: str = "best") -> DistillationReport:
@@ -236,131 +134,26 @@ class H3Mixer(TokenMixer):
         §3.2, picks the order per filter). The layer then computes with these kernels everywhere (training
         forward, prefill and step agree). Beyond L_max a modal kernel keeps decaying while the learned one is
         zero (the fit only sees taps 0..L_max-1). ``method``: see :func:`ssmhub.ops.modal.fit_modal_kernel`.
+        See :mod:`ssmhub.layers.h3_distillation`.
         """
-        self._check_distill_request(num_modes, tolerance, method)
-        learned = self.long_conv(self.max_kernel_length).detach().float().cpu()  # (H, L_max), regularized
-        orders = (
-            [num_modes] if tolerance is None else sorted({1 << k for k in range(num_modes.bit_length())} | {num_modes})
-        )
-        orders = [n for n in orders if n <= num_modes]
-        fits = fit_modal_kernels(learned, orders, method)
-        errors = torch.stack([f.relative_error for f in fits])  # (orders, H)
-        meets = errors <= (tolerance if tolerance is not None else float("inf"))
-        choice = torch.where(meets.any(0), meets.to(torch.int8).argmax(0), len(orders) - 1)  # (H,): first order met
-        exact = ~meets.any(0)
-        self._store_fits(fits, orders, choice, exact, num_modes)
-        chosen = torch.tensor(orders, device=choice.device)[choice]
-        return DistillationReport(
-            orders=torch.where(exact, 0, chosen),
-            errors=torch.where(exact, 0.0, errors.gather(0, choice[None])[0]),
-            fit_errors=errors.min(0).values,
-            exact_heads=exact.nonzero().flatten().tolist(),
-            state_bytes=self.kv_state_bytes(),
-            exact_state_bytes=4 * self.head_dim**2 * self.num_heads * (self.max_kernel_length - 1),
-        )
-
-    def _check_distill_request(self, num_modes, tolerance, method) -> None:
-        """Bad requests fail here, before any fitting."""
-        if self.kernel_type == "diagonal_ssm":
-            raise ValueError("a diagonal-SSM H3 layer has no long convolution to distill: it is already modal")
-        if isinstance(num_modes, bool) or not isinstance(num_modes, int) or num_modes < 1:
-            raise ValueError(f"num_modes must be an integer >= 1; got {num_modes!r}")
-        limit = max_modes(self.max_kernel_length, method=method)  # also checks method
-        if num_modes > limit:
-            raise ValueError(f"num_modes={num_modes} is too large for L_max {self.max_kernel_length}: at most {limit}")
-        if tolerance is not None and (
-            isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1
-        ):
-            raise ValueError(f"tolerance must be a relative L2 error in (0, 1) or None; got {tolerance!r}")
-
-    def _store_fits(self, fits, orders, choice, exact, num_modes) -> None:
-        """Copy head h's fit at order ``orders[choice[h]]`` into the first slots of the (H, num_modes) buffers."""
-        if not self.distilled or self.decode_num_modes != num_modes:
-            self._register_modal_buffers(num_modes)
-        self.ssm.to(self.long_conv.skip.device)
-        for name in ("log_modulus", "phase", "residues"):
-            getattr(self.ssm, name).zero_()
-        self.ssm.log_modulus.fill_(-0.6931471805599453)  # padding: a harmless pole 0.5 with zero residue
-        for i, (fit, order) in enumerate(zip(fits, orders)):
-            heads = (choice == i).nonzero().flatten()
-            for name, value in (("log_modulus", fit.log_modulus), ("phase", fit.phase), ("residues", fit.residues)):
-                getattr(self.ssm, name)[heads.to(self.ssm.phase.device), :order] = value[heads].to(
-                    self.ssm.phase.device
-                )
-            for name, value in (("direct", fit.d), ("relative_error", fit.relative_error)):
-                getattr(self.ssm, name)[heads.to(self.ssm.phase.device)] = value[heads].to(self.ssm.phase.device)
-        self.ssm.head_modes.copy_(torch.tensor(orders, device=choice.device)[choice].masked_fill(exact, 0))
-        self.ssm.exact_heads.copy_(exact)
+        learned = self._learned(" to distill")
+        check_distill_request(self.max_kernel_length, num_modes, tolerance, method)  # before any fitting
+        kernel = learned(self.max_kernel_length).detach().float().cpu()  # (H, L_max), regularized
+        fits = HeadFits.fit(kernel, num_modes, tolerance, method)
+        if self.decode_num_modes != num_modes:  # fresh (H, num_modes) buffers, beside the weights
+            self.decode_num_modes = num_modes
+            self.ssm = ModalForm(self.num_heads, num_modes, device=self.out_proj.weight.device)
+        fits.store(self.ssm.to(self.long_conv.skip.device))
+        self.convolution = DistilledConvolution(self.long_conv, self.ssm)
+        exact_bytes = 4 * self.head_dim**2 * self.num_heads * (self.max_kernel_length - 1)
+        return fits.report(state_bytes=self.kv_state_bytes(), exact_state_bytes=exact_bytes)
 
     def kv_state_bytes(self) -> int:
         """Bytes of the long convolution's decode state per sequence (complex64 modes, float32 windows)."""
-        layout = self.state_layout(1)
-        return sum(
-            torch.Size(shape).numel() * dtype.itemsize
-            for name, (shape, dtype) in layout.items()
-            if name != "shift_state"
-        )
+        layout = self.convolution.state_layout((1, self.head_dim, self.head_dim))
+        return sum(torch.Size(shape).numel() * dtype.itemsize for shape, dtype in layout.values())
 
-    def _modal_conv(
-        self, kv: torch.Tensor, initial_state: torch.Tensor | None, return_state: bool, heads=None, modes=None
-    ):
-        """Modal long conv of kv (B, d_h, d_h, H', L) + D·kv over ``heads`` (default all), each with its first
-        ``modes`` modes (see :meth:`modal_form`).
-
-        State: (B, d_h, d_h, H', N) complex64."""
-        batch, dh, _, count, length = kv.shape
-        u = kv.reshape(batch * dh * dh, count, length)  # (B·d_h², H', L)
-        state = None if initial_state is None else initial_state.reshape(batch * dh * dh, count, -1)
-        form = self.modal_form(heads, modes)
-        y, final = modal_scan(u, form, initial_state=state, return_final_state=return_state)
-        skip = self.long_conv.skip.float() if heads is None else self.long_conv.skip.float()[heads]
-        y = y.reshape(kv.shape) + skip[:, None] * kv
-        return y, None if final is None else final.reshape(batch, dh, dh, count, -1)
-
-    def _modal_conv_step(self, kv_t: torch.Tensor, state: torch.Tensor, heads=None, modes=None):
-        """One token of :meth:`_modal_conv`: kv_t (B, d_h, d_h, H') -> (y_t, new state)."""
-        batch, dh, _, count = kv_t.shape
-        form = self.modal_form(heads, modes)
-        y, new_state = modal_step(kv_t.reshape(-1, count), state.reshape(batch * dh * dh, count, -1), form)
-        skip = self.long_conv.skip.float() if heads is None else self.long_conv.skip.float()[heads]
-        y = y.reshape(kv_t.shape) + skip * kv_t
-        return y, new_state.reshape(batch, dh, dh, count, -1)
-
-    def _distilled_conv(self, kv: torch.Tensor, state, return_state: bool):
-        """Long conv of a distilled layer, kv (B, d_h, d_h, H, L): modal heads by the modal state of their order
-        (:meth:`_modal_groups`), heads left exact by their learned kernel and window of L_max − 1 inputs
-        (``kv_window``). One token (kv (B, d_h, d_h, H)) is a step of each. Returns
-        ``(s like kv, {state name: final or None})``."""
-        _, exact = self._head_split()
-        one = kv.dim() == 4
-        s, parts = torch.empty_like(kv, dtype=torch.float32), {}
-        for name, order, heads in self._modal_groups():
-            previous = None if state is None else state[name]
-            if one:
-                s[..., heads], parts[name] = self._modal_conv_step(kv[..., heads], previous, heads, order)
-            else:
-                s[..., heads, :], parts[name] = self._modal_conv(
-                    kv[..., heads, :], previous, return_state, heads, order
-                )
-        if exact.numel():
-            kernel, skip = self.long_conv(self.max_kernel_length)[exact], self.long_conv.skip[exact]
-            previous = None if state is None else state["kv_window"]
-            if one:
-                s[..., exact], parts["kv_window"] = causal_conv_step(kv[..., exact], previous, kernel, skip)
-            else:
-                s[..., exact, :], parts["kv_window"] = causal_conv(
-                    kv[..., exact, :],
-                    kernel,
-                    skip,
-                    initial_state=previous,
-                    return_final_state=return_state,
-                    state_length=self.max_kernel_length - 1,
-                    backend=self.long_conv.fft_backend,
-                    block_size=self.long_conv.butterfly_block_size,
-                )
-        return s, parts
-
-    # ----------------------------------------------------------------------------- kernels
+    # ----------------------------------------------------------------------------- kernels, state
     def kernel(self, length: int) -> torch.Tensor:
         """The effective (num_heads, length) float32 long-conv kernel (regularized; zero beyond L_max).
 
@@ -368,51 +161,35 @@ class H3Mixer(TokenMixer):
         distilled decode that fits it with a modal (diagonal SSM) form. A distilled layer's heads left exact
         keep their learned kernel.
         """
-        if self.kernel_type == "diagonal_ssm":
-            return modal_kernel(self.modal_form(), length)
-        if not self.distilled:
-            return self.long_conv(length)
-        modal, exact = self._head_split()
-        device = self.ssm.phase.device
-        kernel = (
-            self.long_conv(length).to(device).clone()
-            if exact.numel()
-            else torch.empty(self.num_heads, length, device=device)
-        )
-        if modal.numel():
-            kernel[modal] = modal_kernel(self.modal_form(modal), length)
-        return kernel
+        return self.convolution.kernel(length)
 
     def shift_kernel(self, length: int | None = None) -> torch.Tensor:
         """The effective (hidden_size, length) float32 shift kernel (default: its own length)."""
         return self.shift_conv(self.shift_kernel_size if length is None else length)
 
-    # ----------------------------------------------------------------------------- state
     def state_layout(self, batch_size: int, dtype=None):
         """Windows of past inputs, float32 whatever the model dtype (the convolutions run in float32).
 
         ``shift_state``: (B, d, shift_kernel_size − 1), the last k inputs, oldest first; ``kv_state``:
         (B, d_h, d_h, H, max_kernel_length − 1), the last kv inputs, oldest first, or, for a modal layer,
         the complex64 modal state (B, d_h, d_h, H, N), independent of the context. A distilled layer holds, per
-        order n its modal heads use, a state (B, d_h, d_h, H_n, n) for the H_n heads of that order (named by
-        :meth:`_modal_groups`: ``kv_state`` when there is one order), and ``kv_window``
-        (B, d_h, d_h, H_exact, max_kernel_length − 1) for the heads left exact (when it has such heads).
+        order n its modal heads use, a state (B, d_h, d_h, H_n, n) for the H_n heads of that order (``kv_state``
+        when there is one order, else ``kv_state_{n}``), and ``kv_window`` (B, d_h, d_h, H_exact,
+        max_kernel_length − 1) for the heads left exact (when it has such heads). See
+        :mod:`ssmhub.layers.h3_convolutions`.
         """
-        dh, window = self.head_dim, self.max_kernel_length - 1
-        layout = {"shift_state": ((batch_size, self.hidden_size, self.shift_kernel_size - 1), torch.float32)}
-        if self.kernel_type == "diagonal_ssm":
-            layout["kv_state"] = ((batch_size, dh, dh, self.num_heads, self.num_state_modes), torch.complex64)
-        elif not self.distilled:
-            layout["kv_state"] = ((batch_size, dh, dh, self.num_heads, window), torch.float32)
-        else:
-            _, exact = self._head_split()
-            for name, order, heads in self._modal_groups():
-                layout[name] = ((batch_size, dh, dh, heads.numel(), order), torch.complex64)
-            if exact.numel():
-                layout["kv_window"] = ((batch_size, dh, dh, exact.numel(), window), torch.float32)
-        return layout
+        shift = ((batch_size, self.hidden_size, self.shift_kernel_size - 1), torch.float32)
+        return {"shift_state": shift, **self.convolution.state_layout((batch_size, self.head_dim, self.head_dim))}
 
-    # ----------------------------------------------------------------------------- heads
+    # ----------------------------------------------------------------------------- the layer
+    def _qkv(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """Step 1 on x (B, [L,] d) -> q, k, v float32, each (B, [L,] d), k and v zero where ``mask`` is 0."""
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)
+        if mask is not None:  # the projection's bias made masked k, v nonzero again
+            keep = mask.unsqueeze(-1).to(k.dtype)
+            k, v = k * keep, v * keep
+        return q.float(), k.float(), v.float()
+
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         """(B, d, ...) channel-first -> (B, d_h, H, ...): channel c = h·d_h + i goes to [i, h]."""
         b, _, *rest = t.shape
@@ -426,35 +203,13 @@ class H3Mixer(TokenMixer):
         o = o.transpose(1, 2)  # (B, H, d_h_j, ...)
         return o.reshape(o.shape[0], self.hidden_size, *o.shape[3:]), extra  # channel h·d_h + j
 
-    # ----------------------------------------------------------------------------- forward
     def _forward(self, x, mask, state, return_state):
-        q, k, v = self.in_proj(x).chunk(3, dim=-1)  # (B, L, d) each
-        if mask is not None:  # the projection's bias made masked k, v nonzero again
-            keep = mask.unsqueeze(-1).to(k.dtype)
-            k, v = k * keep, v * keep
-        q, v = (t.transpose(1, 2).float() for t in (q, v))  # (B, d, L) float32
-        k = k.float()  # (B, L, d): the shift convolution takes either layout, see _shift
+        q, k, v = self._qkv(x, mask)  # (B, L, d) each
+        q, v = q.transpose(1, 2), v.transpose(1, 2)  # (B, d, L); the shift convolution takes k either way
         k_shift, shift_final = self._shift(k, None if state is None else state["shift_state"], return_state)
-        kv_window = self.max_kernel_length - 1
-
-        def conv(kv):
-            if self.distilled:
-                return self._distilled_conv(kv, state, return_state)
-            if self.modal_state:
-                s, final = self._modal_conv(kv, None if state is None else state["kv_state"], return_state)
-                return s, {"kv_state": final}
-            s, final = self.long_conv.convolve(
-                kv,
-                initial_state=None if state is None else state["kv_state"],
-                return_final_state=return_state,
-                state_length=kv_window,
-            )
-            return s, {"kv_state": final}
-
-        o, kv_final = self._mix(q, k_shift, v, conv)  # (B, d, L)
-        y = self.out_proj(o.transpose(1, 2).to(x.dtype))
-        new_state = {"shift_state": shift_final, **kv_final} if return_state else None
-        return y, new_state
+        o, kv_final = self._mix(q, k_shift, v, lambda kv: self.convolution.convolve(kv, state, return_state))
+        y = self.out_proj(o.transpose(1, 2).to(x.dtype))  # o: (B, d, L)
+        return y, ({"shift_state": shift_final, **kv_final} if return_state else None)
 
     def _shift(self, k: torch.Tensor, history: torch.Tensor | None, return_state: bool):
         """Step 2 on k (B, L, d) float32 -> (k̃ (B, d, L) channel-first view, final window (B, d, S − 1) or None).
@@ -483,35 +238,10 @@ class H3Mixer(TokenMixer):
 
     def _step(self, x_t, state, mask_t):
         """One token: O(d·(shift_kernel_size + d_h·max_kernel_length)) work, O(d·d_h·N) when modal."""
-        q, k, v = self.in_proj(x_t).chunk(3, dim=-1)  # (B, d) each
-        if mask_t is not None:
-            keep = mask_t.unsqueeze(-1).to(k.dtype)
-            k, v = k * keep, v * keep
-        q, k, v = q.float(), k.float(), v.float()
-        k_shift, shift_state = causal_conv_step(
-            k, state["shift_state"], self.shift_conv(self.shift_kernel_size), self.shift_conv.skip
-        )  # (B, d)
-        if self.distilled:
-
-            def conv(kv):
-                return self._distilled_conv(kv, state, True)
-
-        elif self.modal_state:
-
-            def conv(kv):
-                s, new = self._modal_conv_step(kv, state["kv_state"])
-                return s, {"kv_state": new}
-
-        else:
-            long_kernel = self.long_conv(self.max_kernel_length)
-
-            def conv(kv):
-                s, new = causal_conv_step(kv, state["kv_state"], long_kernel, self.long_conv.skip)
-                return s, {"kv_state": new}
-
-        o, kv_state = self._mix(q, k_shift, v, conv)  # (B, d)
-        y_t = self.out_proj(o.to(x_t.dtype))
-        return y_t, {"shift_state": shift_state, **kv_state}
+        q, k, v = self._qkv(x_t, mask_t)  # (B, d) each
+        k_shift, shift_state = causal_conv_step(k, state["shift_state"], self.shift_kernel(), self.shift_conv.skip)
+        o, kv_state = self._mix(q, k_shift, v, lambda kv: self.convolution.step(kv, state))  # (B, d)
+        return self.out_proj(o.to(x_t.dtype)), {"shift_state": shift_state, **kv_state}
 
     def extra_repr(self) -> str:
         return (

@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from .longconv_options import LongConvOptions
 from .options import check_choice, check_integer
 
-__all__ = ["H3_KERNEL_INITS", "KERNEL_TYPES", "H3Options"]
+__all__ = ["H3_KERNEL_INITS", "KERNEL_TYPES", "SHIFT_KERNEL_FIELDS", "H3Options"]
 
 KERNEL_TYPES = ("long_conv", "diagonal_ssm")
 H3_KERNEL_INITS = ("geometric", "random")  # the long kernel's; "conv" is the shift kernel's own
+# The long-convolution options an unregularized shift kernel (H3's shift SSM) takes from the layer's: how its
+# convolution is computed. Its init and regularizers are its own (see H3Options.shift_kernel_options).
+SHIFT_KERNEL_FIELDS = ("geometric_convention", "fft_backend", "butterfly_block_size")
 
 
 @dataclass
@@ -28,7 +31,8 @@ class H3Options(LongConvOptions):
             (d heads, every H3 config); a smaller H gives the multi-head outer-product state of the H3 code.
         shift_kernel_size: taps of the causal shift convolution on k (H3's shift SSM: 64; default 4).
         regularize_shift_kernel: give the shift kernel the long kernel's init and regularizers (safari's
-            ``H3Conv``) instead of H3's Conv1d init without regularization.
+            ``H3Conv``) instead of H3's Conv1d init without regularization (see :meth:`shift_kernel_options`
+            for which options reach the shift kernel either way).
         decode_num_modes: the layer is distilled, its long convolution a modal fit with this many modes per
             head (set by ``H3PreTrainedModel.distill_for_decoding``; None: the learned kernels, decoded exactly).
         kernel_type: ``"long_conv"`` (the long-conv paper's learned kernels, default) or ``"diagonal_ssm"``
@@ -59,3 +63,17 @@ class H3Options(LongConvOptions):
             raise ValueError(
                 f"{name}.ssm_num_heads ({self.ssm_num_heads}) must divide {self.width_name()} ({hidden_size})"
             )
+
+    def shift_kernel_options(self) -> LongConvOptions:
+        """The options of the shift kernel on k (H3's shift SSM, arXiv 2212.14052 §3), chosen here, in one place.
+
+        With ``regularize_shift_kernel`` (safari's ``H3Conv``, long-conv paper arXiv 2302.06646 §4.1.3) it takes
+        every long-convolution option of the layer. Without it (H3's shift SSM, the default) it takes only
+        :data:`SHIFT_KERNEL_FIELDS` (its FFT backend; ``geometric_convention`` is unused by its init) and is
+        otherwise H3's own: ``kernel_init="conv"`` at torch's Conv1d scale ``1/√shift_kernel_size``, whatever
+        ``kernel_init_std`` says, and no regularization (``kernel_dropout``, ``smooth_*`` and ``squash_lambda``
+        apply to the long kernel only).
+        """
+        if self.regularize_shift_kernel:
+            return LongConvOptions.take(self)
+        return LongConvOptions(kernel_init="conv", **{name: getattr(self, name) for name in SHIFT_KERNEL_FIELDS})

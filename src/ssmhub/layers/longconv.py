@@ -41,6 +41,7 @@ from ..ops.longconv import (
 from ..ops.precision import float32_math
 from .initial_values import fill_initial_values
 from .longconv_options import LongConvOptions
+from .memo import can_keep, kept, tensor_versions
 
 __all__ = [
     "ButterflyBlockParameters",
@@ -255,7 +256,6 @@ class LongConvKernel(nn.Module):
         self.smooth_domain, self.squash_lambda = options.smooth_domain, float(options.squash_lambda)
         self.kernel_regularization_order = tuple(options.kernel_regularization_order)
         self.ssm = LongConvParameters(num_channels, max_kernel_length, options, use_skip)
-        self._memo = None  # (key, regularized kernel) outside autograd and training, see full_kernel
         self.fft_backend, self.butterfly_block_size = options.fft_backend, options.butterfly_block_size
         self.butterfly = None
         if learned_butterfly:
@@ -275,24 +275,22 @@ class LongConvKernel(nn.Module):
         does not re-smooth the kernel at every token.
         """
         weight = self.ssm.kernel
-        # a traced step (torch.compile, torch.export) has no data pointers to key a memo on: it regularizes in-graph
-        cacheable = not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         settings = (self.squash_lambda, self.smooth_width, self.smooth_domain, self.kernel_regularization_order)
-        key = (weight.data_ptr(), weight._version, weight.device, weight.dtype, settings) if cacheable else None
-        if cacheable and self._memo is not None and self._memo[0] == key:
-            return self._memo[1]
-        kernel = regularize_kernel(
-            weight.float(),
-            self.kernel_regularization_order,
-            squash_lambda=self.squash_lambda,
-            smooth_width=self.smooth_width,
-            smooth_domain=self.smooth_domain,
-            dropout=self.kernel_dropout,
-            training=self.training,
-        )
-        if cacheable:
-            self._memo = (key, kernel)
-        return kernel
+
+        def build():
+            return regularize_kernel(
+                weight.float(),
+                self.kernel_regularization_order,
+                squash_lambda=self.squash_lambda,
+                smooth_width=self.smooth_width,
+                smooth_domain=self.smooth_domain,
+                dropout=self.kernel_dropout,
+                training=self.training,
+            )
+
+        if self.training or not can_keep():  # dropout draws anew; a graph must not be kept
+            return build()
+        return kept(self, "_memo", (tensor_versions([weight]), settings), build)
 
     def forward(self, length: int | None = None) -> torch.Tensor:
         """The effective (H, length) float32 kernel: the first ``length`` regularized taps, zero beyond L_max."""

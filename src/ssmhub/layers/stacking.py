@@ -14,6 +14,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from .memo import can_keep, kept
+
 __all__ = ["batched_linear", "kept_stack", "stack"]
 
 Stacked = TypeVar("Stacked")
@@ -47,14 +49,9 @@ def kept_stack(owner: nn.Module, modules: Sequence[nn.Module], build: Callable[[
     version counter, storage or dtype: an optimizer step, a load, a ``.to``), when gradients are on (the stack
     must carry them) or under ``torch.compile`` (which cannot check versions: there a module runs on its own weights,
     :func:`stack` of one module being views)."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+    if not can_keep():
         return build()
-    key = _weight_versions(modules)
-    kept = owner.__dict__.get("_kept_stack")
-    if kept is None or kept[0] != key:
-        kept = (key, build())
-        owner.__dict__["_kept_stack"] = kept  # a plain attribute: not a buffer, not in the state dict
-    return kept[1]
+    return kept(owner, "_kept_stack", _weight_versions(modules), build)
 
 
 def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,24 +1,26 @@
-"""What ssmhub adds to transformers' assisted and prompt-lookup decoding: argument checks, and how far back a
-verification forward must be able to roll its cache.
+"""What ssmhub adds to transformers' assisted and prompt-lookup decoding: argument checks, the caches' recording,
+and how far back a verification forward must be able to roll its cache.
 
-transformers' assisted decoding (``generate(..., assistant_model=...)`` or ``prompt_lookup_num_tokens=n``) runs the
-verifier on the candidate tokens in one forward, keeps the accepted prefix and calls ``cache.crop`` to forget the
-rest. The verifier asks for the logits of the candidates and one more (``logits_to_keep = candidates + 1``), so the
-forward keeps the states to drop every candidate (:func:`rollback_reach`); an assistant asks for one logit, and
-transformers re-feeds its last accepted token, so it rolls back at most one token of a forward. The tokens before
-those run as an ordinary forward, so the prompt's prefill is the one plain decoding runs.
+transformers' assisted decoding (``generate(..., assistant_model=...)`` or ``prompt_lookup_num_tokens=n``;
+speculative decoding, Leviathan et al., arXiv 2211.17192) runs the verifier on the candidate tokens in one forward,
+keeps the accepted prefix and calls ``cache.crop`` to forget the rest (:mod:`ssmhub.rollback`); a forward follows
+every crop, so the replay a crop needs waits for it (:func:`record_for_assisted_decoding`). The verifier asks for the
+logits of the candidates and one more (``logits_to_keep = candidates + 1``), so the forward keeps the states to drop
+every candidate (:func:`rollback_reach`); an assistant asks for one logit, and transformers re-feeds its last
+accepted token, so it rolls back at most one token of a forward. The tokens before those run as an ordinary forward,
+so the prompt's prefill is the one plain decoding runs.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["check_assisted_decoding_arguments", "rollback_reach"]
+__all__ = ["check_assisted_decoding_arguments", "record_for_assisted_decoding", "rollback_reach"]
 
 
 def rollback_reach(logits_to_keep: int | torch.Tensor, inputs: torch.Tensor | None) -> int:
     """How many of a forward's new tokens a crop may remove afterwards (used only by a recording cache,
-    :meth:`ssmhub.cache.RecurrentCache.states_to_record`).
+    :func:`ssmhub.rollback.run_with_rollback`).
 
     A caller that reads the last n logits (``logits_to_keep`` = n) verifies n − 1 candidates, so removes at most
     n − 1 tokens; transformers' assistant reads one logit and re-feeds its last token, so removes at most one.
@@ -27,6 +29,15 @@ def rollback_reach(logits_to_keep: int | torch.Tensor, inputs: torch.Tensor | No
     if isinstance(logits_to_keep, int) and logits_to_keep > 0:
         return min(max(logits_to_keep - 1, 1), length)
     return length
+
+
+def record_for_assisted_decoding(cache) -> None:
+    """Make ``cache`` (a :class:`~ssmhub.cache.RecurrentCache`) record for assisted decoding, each crop's replay
+    deferred to the next forward (:attr:`ssmhub.rollback.Rollback.defer_replay`): transformers runs one after every
+    crop (the assistant's next drafts, the verifier's next check), so a round costs one forward per model. The
+    verifier's ``generate`` replays what the last crop kept when it returns (``deactivate_past_recording``)."""
+    cache.activate_past_recording()
+    cache.rollback.defer_replay = True
 
 
 def _generation_option(model, kwargs: dict, name: str):

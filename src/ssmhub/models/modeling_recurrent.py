@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from functools import partial
 
 import torch
 from torch import nn
@@ -27,8 +28,9 @@ from transformers.modeling_outputs import (
 )
 
 from ..cache import RecurrentCache
+from ..rollback import run_with_rollback
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
-from .generation import check_assisted_decoding_arguments, rollback_reach
+from .generation import check_assisted_decoding_arguments, record_for_assisted_decoding, rollback_reach
 from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
 from .packed_inputs import document_starts, packing_arguments
 from .static_decode import static_states
@@ -279,45 +281,6 @@ class RecurrentPreTrainedModel(PreTrainedModel):
             push_saved_folder(save_directory, token=kwargs.get("token"), **hub_options)
 
 
-def _states_to_record(cache: RecurrentCache | None, seq_len: int, rollback: int, starts) -> int:
-    """How many of the new tokens' states a recording cache keeps (0: none, the ordinary forward)."""
-    if cache is None:
-        return 0
-    recorded = cache.states_to_record(seq_len, rollback)
-    if recorded and starts is not None:
-        raise ValueError(
-            "a recording cache (assisted decoding) cannot take packed rows (position_ids restarting, seq_idx)"
-        )
-    return recorded
-
-
-def _pieces(seq_len: int, recorded: int, replayed: int = 0) -> list[tuple[int, int, bool]]:
-    """``(start, stop, record)`` runs of a forward. A recording forward files the ``recorded`` last tokens as a
-    record (a crop replays its kept part, :meth:`RecurrentCache.crop`); a long head before them (a prompt with
-    its first drafts) runs first as an ordinary forward, so a crop never replays it, while a short one (the last
-    accepted token before the drafts, after the ``replayed`` tokens a crop left pending) joins the record, so
-    verifying k drafts stays one forward."""
-    if not recorded:
-        return [(0, seq_len, False)]
-    head = seq_len - recorded
-    if head <= recorded + replayed:
-        return [(0, seq_len, True)]
-    return [(0, head, False), (head, seq_len, True)]
-
-
-def _after_pending(pending, hidden_states: torch.Tensor, mask: torch.Tensor | None):
-    """The first-layer inputs and mask of the tokens a crop kept (``pending``: (B, j, H), (B, j) or None) followed
-    by a forward's own (B, L, H) and (B, L) or None: (B, j + L, H) and (B, j + L) or None."""
-    inputs, kept_mask = pending
-    if mask is not None or kept_mask is not None:
-        ones = mask if mask is not None else kept_mask
-        mask = torch.cat([
-            kept_mask if kept_mask is not None else ones.new_ones(inputs.shape[:2]),
-            mask if mask is not None else ones.new_ones(hidden_states.shape[:2]),
-        ], dim=1)  # fmt: skip
-    return torch.cat([inputs.to(hidden_states.dtype), hidden_states], dim=1), mask
-
-
 class RecurrentModel(RecurrentPreTrainedModel):
     """Embeddings, a stack of :class:`RecurrentBlock`, and a final norm (pre-norm models)."""
 
@@ -356,7 +319,7 @@ class RecurrentModel(RecurrentPreTrainedModel):
         ``position_ids`` restarting at 0, or ``seq_idx``, or ``cu_seq_lens_q`` / ``cu_seq_lens_k``
         (:mod:`ssmhub.models.packed_inputs`); each document then runs as if alone. ``rollback``: with a
         recording cache (assisted decoding), how many of the new tokens a ``cache.crop`` may remove afterwards
-        (:meth:`RecurrentCache.states_to_record`)."""
+        (:func:`ssmhub.rollback.run_with_rollback`)."""
         cache = resolve_cache_argument(cache, past_key_values)
         past_length = cache.get_seq_length() if cache is not None else 0
         check_model_inputs(  # token ids read once where a sequence enters, not per decode step or training batch
@@ -372,7 +335,8 @@ class RecurrentModel(RecurrentPreTrainedModel):
             use_cache = cache is not None or (self.config.use_cache and not self.training)
         if self.gradient_checkpointing and self.training and cache is None:
             use_cache = False
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else False
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         return_dict = return_dict if return_dict is not None else self.config.return_dict
 
         hidden_states = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -385,34 +349,17 @@ class RecurrentModel(RecurrentPreTrainedModel):
         )
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
-        pending = cache.take_pending() if use_cache and starts is None else None  # what a crop kept, not yet replayed
-        replayed = 0 if pending is None else pending[0].shape[1]
-        if pending is not None:
-            hidden_states, mask = _after_pending(pending, hidden_states, mask)  # (B, replayed + L, H), (B, ...)
-            seq_len += replayed
-        recorded = _states_to_record(cache if use_cache else None, seq_len, rollback, starts)
-        outputs, layer_inputs = [], []
-        for start, stop, record in _pieces(seq_len, recorded, replayed):
-            piece_mask = None if mask is None else mask[:, start:stop]
-            if record:
-                cache.begin_record(hidden_states[:, start:stop], piece_mask, self.replay_layers)
-            out, inputs = self._run_layers(
-                hidden_states[:, start:stop], piece_mask, cache, use_cache, starts, output_hidden_states
-            )
-            if use_cache:
-                cache.advance(stop - start)
-            outputs.append(out)
-            layer_inputs.append(inputs)
-        hidden_states = (outputs[0] if len(outputs) == 1 else torch.cat(outputs, 1))[:, replayed:]
-        all_hidden_states = None
-        if output_hidden_states:
-            all_hidden_states = tuple(
-                (h[0] if len(h) == 1 else torch.cat(h, 1))[:, replayed:] for h in zip(*layer_inputs)
-            )
+        layers = partial(
+            self._run_layers, use_cache=use_cache, starts=starts, output_hidden_states=output_hidden_states
+        )
+        hidden_states, layer_inputs = run_with_rollback(
+            layers, hidden_states, mask, cache, use_cache=use_cache, packed=starts is not None, reach=rollback
+        )
+        if use_cache:
+            cache.advance(seq_len)
         if self.norm_f is not None:
             hidden_states = self.norm_f(hidden_states)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
+        all_hidden_states = (*layer_inputs, hidden_states) if output_hidden_states else None
 
         cache_out = cache if use_cache else None
         if not return_dict:
@@ -421,9 +368,21 @@ class RecurrentModel(RecurrentPreTrainedModel):
             last_hidden_state=hidden_states, hidden_states=all_hidden_states, **{CACHE_FIELD: cache_out}
         )
 
+    def run_layers(
+        self, hidden_states: torch.Tensor, states: list[dict[str, torch.Tensor]], mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """The block stack as a pure function of a state: (B, L, H) inputs and one state dict per layer (the
+        layers of :meth:`RecurrentCache.state_dict <ssmhub.cache.RecurrentCache.state_dict>`, or
+        :meth:`static_cache`'s) -> the last block's output and the new states, with nothing written in place.
+        What the exported decode step (:mod:`ssmhub.export`) runs between the embedding and the head."""
+        states = _FunctionalStates(list(states))
+        hidden_states, _ = self._run_layers(hidden_states, mask, states, True, None, False)
+        return hidden_states, states.layers
+
     def _run_layers(self, hidden_states, mask, cache, use_cache, starts, output_hidden_states):
-        """The blocks on (B, L, H) new tokens, each continuing from and updating its state in ``cache``. Returns
-        the last block's output and, if asked, each block's input."""
+        """The blocks on (B, L, H) new tokens, each continuing from and updating its state in ``cache`` (its ``get``
+        and ``update``; the caller counts the tokens). Returns the last block's output and, if asked, each block's
+        input: the layer pass of :mod:`ssmhub.rollback`."""
         inputs = ()
         for idx, block in enumerate(self.layers):
             if output_hidden_states:
@@ -436,10 +395,20 @@ class RecurrentModel(RecurrentPreTrainedModel):
                 cache.update(idx, new_state)
         return hidden_states, inputs
 
-    def replay_layers(self, cache: RecurrentCache, hidden_states: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Run the blocks on (B, L, H) first-layer inputs from ``cache``'s states, updating them (the token count
-        is the caller's): how :meth:`RecurrentCache.crop` returns to the state after part of a recorded forward."""
-        self._run_layers(hidden_states, mask, cache, True, None, False)
+
+class _FunctionalStates:
+    """The two methods of :class:`~ssmhub.cache.RecurrentCache` the block stack calls (``get``, ``update``), over a
+    list of state dicts: each block's new state is kept as the block returns it, nothing is written in place (what
+    ``torch.export`` needs of a decode step whose states are its inputs and outputs)."""
+
+    def __init__(self, layers: list[dict[str, torch.Tensor]]):
+        self.layers = layers
+
+    def get(self, idx: int) -> dict[str, torch.Tensor]:
+        return self.layers[idx]
+
+    def update(self, idx: int, state: dict[str, torch.Tensor]) -> None:
+        self.layers[idx] = state
 
 
 class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
@@ -453,7 +422,7 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
     backbone_class: type[RecurrentModel] = None
     _tied_weights_keys = {"lm_head.weight": "backbone.embeddings.weight"}
     # transformers reads `_is_stateful` only to refuse assisted decoding, because a recurrent state cannot in
-    # general be rewound; RecurrentCache can (exact rollback, see ssmhub.cache), so the refusal is lifted here
+    # general be rewound; RecurrentCache can (exact rollback, see ssmhub.rollback), so the refusal is lifted here
     _is_stateful = False
 
     def __init__(self, config):
@@ -483,21 +452,22 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
         """transformers' hook, plus the cache assisted decoding needs: a verifier must have one before its first
-        forward (transformers builds one only for models with a default dynamic cache), and an assistant's must
-        record, since the verifier rolls it back."""
+        forward (transformers builds one only for models with a default dynamic cache), and both the verifier's and
+        an assistant's record, their crops replayed by the next forward (:func:`record_for_assisted_decoding`)."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, *args, **kwargs)
         assisted = generation_mode == GenerationMode.ASSISTED_GENERATION or generation_config.is_assistant
         if assisted and generation_config.use_cache is not False and model_kwargs.get(CACHE_FIELD) is None:
             model_kwargs[CACHE_FIELD] = RecurrentCache(self.config.num_hidden_layers)
-        if generation_config.is_assistant and model_kwargs.get(CACHE_FIELD) is not None:
-            model_kwargs[CACHE_FIELD].activate_past_recording()
+        if assisted and model_kwargs.get(CACHE_FIELD) is not None:
+            record_for_assisted_decoding(model_kwargs[CACHE_FIELD])
 
     def generate(self, inputs: torch.Tensor | None = None, *args, **kwargs):
         """transformers' ``generate``, with the inputs checked first: an empty prompt (``input_ids`` of shape
         (B, 0)) raises a ValueError naming ``input_ids`` instead of an IndexError from inside transformers, and
         assisted or prompt-lookup decoding with a bad ``prompt_lookup_num_tokens`` or an ``assistant_model`` of
         another vocabulary a ValueError naming it, before any decoding. The verifier's cache stops recording
-        when ``generate`` returns (ordinary decoding from it keeps no snapshots)."""
+        when ``generate`` returns, with the replay its last crop left done (ordinary decoding from it keeps no
+        snapshots, and its states are those of the tokens it counts)."""
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
         check_generation_prompt(prompt, kwargs.get("inputs_embeds"), self.generation_config.bos_token_id)
         check_assisted_decoding_arguments(self, kwargs)

@@ -122,7 +122,8 @@ def _flush_underflowed(powers: torch.Tensor, log_modulus: torch.Tensor, start: i
     taps = torch.arange(start, start + length, device=powers.device, dtype=torch.float64)  # (C,)
     if powers.requires_grad:
         return powers * (taps < first[:, None])
-    if powers.device.type != "cpu":  # every row: picking rows would read the device back (a sync per chunk)
+    if powers.device.type != "cpu" or torch.compiler.is_compiling():
+        # every row: picking rows would read the device back (a sync per chunk) or break a traced graph
         return powers.masked_fill_(taps >= first[:, None], 0.0)
     rows = (first < start + length).nonzero().flatten()  # on the CPU a read costs nothing; few rows need it
     if rows.numel():

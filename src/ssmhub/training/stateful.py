@@ -14,7 +14,7 @@ everything of its document before it: a window's last target is the row's next t
 and the first token of a document is never a target (nothing of its document comes before it).
 
 :class:`StatefulBatches` turns a process's rows of each window into model inputs and keeps their states:
-they are part of every checkpoint (``stateful_states-<process>.pt`` in the checkpoint folder, next to
+they are part of every checkpoint (``stateful_states-<process>.safetensors`` in the checkpoint folder, next to
 ``trainer_state.json``'s ``streams``), so a resumed run continues every row exactly where it was.
 """
 
@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from ..cache import RecurrentCache
 from ..data import TokenStream
+from ..fileio import atomic_path
 
 __all__ = ["IGNORE_INDEX", "DocumentStreams", "StatefulBatches", "states_file"]
 
@@ -35,8 +37,21 @@ IGNORE_INDEX = -100
 
 
 def states_file(folder: str | Path, process_index: int) -> Path:
-    """Where a checkpoint keeps the carried states of one process's rows."""
+    """Where a checkpoint keeps the carried states of one process's rows: the cache's
+    :meth:`~ssmhub.cache.RecurrentCache.state_dict`, as safetensors."""
+    return Path(folder) / f"stateful_states-{process_index}.safetensors"
+
+
+def _legacy_states_file(folder: str | Path, process_index: int) -> Path:
+    """Where checkpoints written before the one state format kept them (``torch.save`` of the layer dicts)."""
     return Path(folder) / f"stateful_states-{process_index}.pt"
+
+
+def _read_legacy_states(path: Path) -> dict[str, torch.Tensor]:
+    """A legacy ``{"layers": [dict | None], "seen_tokens": int}`` file as a cache state dict."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    state = {f"layers.{i}.{k}": v for i, layer in enumerate(saved["layers"]) if layer for k, v in layer.items()}
+    return {**state, "seen_tokens": torch.tensor(saved["seen_tokens"], dtype=torch.int64, device="cpu")}
 
 
 class DocumentStreams:
@@ -139,20 +154,17 @@ class StatefulBatches:
         return {"epoch": self.streams.epoch, "position": 0, "streams": self.streams.state_dict()}
 
     def save(self, folder: Path, process_index: int) -> None:
-        """This process's carried states into ``folder`` (a checkpoint being written)."""
-        layers = [
-            None if layer is None else {k: v.detach().cpu() for k, v in layer.items()} for layer in self.cache.layers
-        ]
-        torch.save({"layers": layers, "seen_tokens": self.cache.seen_tokens}, states_file(folder, process_index))
+        """This process's carried states into ``folder`` (a checkpoint being written), in the cache's one format."""
+        state = {name: t.cpu().contiguous() for name, t in self.cache.state_dict().items()}
+        with atomic_path(states_file(folder, process_index)) as tmp:
+            save_file(state, str(tmp))
 
     def load(self, folder: Path, process_index: int, streams_state: dict[str, Any]) -> None:
-        """Continue from a checkpoint: the rows' positions (``streams_state``) and this process's states."""
-        path = states_file(folder, process_index)
-        if not path.is_file():
+        """Continue from a checkpoint: the rows' positions (``streams_state``) and this process's states (a
+        checkpoint written before the safetensors format loads too)."""
+        path, legacy = states_file(folder, process_index), _legacy_states_file(folder, process_index)
+        if not path.is_file() and not legacy.is_file():
             raise FileNotFoundError(f"checkpoint {folder} has no carried states for process {process_index} ({path})")
         self.streams.load_state_dict(streams_state)
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        self.cache.layers = [
-            None if state is None else {k: v.to(self.device) for k, v in state.items()} for state in saved["layers"]
-        ]
-        self.cache.seen_tokens = saved["seen_tokens"]
+        state = load_file(str(path)) if path.is_file() else _read_legacy_states(legacy)
+        self.cache = RecurrentCache.from_state_dict(state, len(self.cache), device=self.device)
