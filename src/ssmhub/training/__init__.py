@@ -9,6 +9,7 @@
 from .checkpoint import CheckpointError, list_checkpoints, load_checkpoint, save_checkpoint, verify_checkpoint
 from .config import TrainConfig, config_from_args, load_config_file
 from .data import DATASETS, build_windows, corpus_source, iter_documents, register_dataset
+from .fsdp import load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .model_card import HubPushError, push_folder_to_hub, render_model_card
 from .trainer import EpochShuffleSampler, TrainResult, build_model_config, lr_lambda, train
 
@@ -27,11 +28,14 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "load_config_file",
+    "load_sharded_checkpoint",
     "lr_lambda",
     "push_folder_to_hub",
     "register_dataset",
     "render_model_card",
     "save_checkpoint",
+    "save_sharded_checkpoint",
+    "shard_model",
     "train",
     "verify_checkpoint",
 ]
