@@ -8,8 +8,9 @@ On an input ``u ∈ R^{B×T×d}`` (already LayerNormed by the block), with ``h =
 3. input ``v_k = B u_k``: the authors' code uses a 2-layer ReLU MLP d→d→d (``input_map="mlp"``, default),
    the paper a linear map (``input_map="linear"``);
 4. ``x_k = A_k x_{k-1} + v_k`` from a learned ``x_0`` (randn init, shared across the batch; zeros with
-   ``learned_initial_state=False``), run as a log-depth parallel scan (§3.4, :func:`ssmhub.ops.block_scan`)
-   or a loop over time (``scan="sequential"``, :func:`ssmhub.ops.block_scan_ref`, faster on CPU);
+   ``learned_initial_state=False``), run as a log-depth parallel scan (§3.4, :func:`ssmhub.ops.block_scan`),
+   a loop over time (``scan="sequential"``, :func:`ssmhub.ops.block_scan_ref`, faster on CPU) or a
+   sequential Triton kernel (``scan="triton"``, :mod:`ssmhub.ops.triton.block_scan`; ``"auto"`` on CUDA);
 5. output ``y_k = flatten(x_k) ∈ R^d`` (x_0 excluded; the layer's ``h(·)`` is the identity).
 
 Where the authors' code (github.com/tinghanf/RegluarLRNN, ``BlockModel``) differs from the paper, the code
@@ -35,6 +36,7 @@ from ..ops.block_norm import normalize_by_largest_column
 from ..ops.block_scan import block_scan, block_scan_ref, block_step, restart_blocks
 from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
+from ..ops.triton.block_scan import block_scan_triton, can_run_block_scan
 from .bdlrnn_options import NORM_MODES, BDLRNNOptions
 from .initial_values import fill_initial_values
 from .mixer import TokenMixer
@@ -175,7 +177,10 @@ class BDLRNNMixer(TokenMixer):
         x0 = state["bdlrnn_state"] if state is not None else self._initial_state()
         if x0 is not None and x0.dtype != A.dtype:
             x0 = x0.to(A.dtype)
-        if self.scan == "parallel" or (self.scan == "auto" and A.is_cuda):
+        scan = _choose_scan(self.scan, A)
+        if scan == "triton":
+            states = block_scan_triton(A, v, x0)  # (B, T, h, b)
+        elif scan == "parallel":
             states = block_scan(A, v, x0)  # (B, T, h, b)
         else:
             states = _sequential_scan(A, v, x0)  # (B, T, h, b)
@@ -188,6 +193,22 @@ class BDLRNNMixer(TokenMixer):
         x0 = state["bdlrnn_state"]
         new_state = block_step(A_t, v_t, x0 if x0.dtype == A_t.dtype else x0.to(A_t.dtype))  # (B, h, b)
         return new_state.flatten(1).to(x_t.dtype), {"bdlrnn_state": new_state}
+
+
+def _choose_scan(scan: str, A: torch.Tensor) -> str:
+    """The scan that runs ``scan`` on blocks A (B, T, h, b, b): ``"auto"`` is the Triton kernel on CUDA where
+    :func:`~ssmhub.ops.triton.block_scan.can_run_block_scan` allows it and A is not float64 (the kernel
+    computes in float32), else the parallel scan on CUDA and the loop elsewhere; ``"triton"`` raises if it
+    cannot run."""
+    if scan == "auto":
+        if A.is_cuda and A.dtype != torch.float64 and can_run_block_scan(A.device, A.shape[-1])[0]:
+            return "triton"
+        return "parallel" if A.is_cuda else "sequential"
+    if scan == "triton":
+        usable, reason = can_run_block_scan(A.device, A.shape[-1])
+        if not usable:
+            raise ValueError(f"BDLRNNOptions.scan='triton' cannot run here ({reason}); use scan='auto'")
+    return scan
 
 
 @float32_math

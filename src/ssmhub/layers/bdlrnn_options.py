@@ -12,7 +12,7 @@ __all__ = ["INPUT_MAPS", "NORM_MODES", "SCANS", "BDLRNNOptions"]
 
 NORM_MODES = ("code", "paper")
 INPUT_MAPS = ("mlp", "linear")
-SCANS = ("auto", "parallel", "sequential")
+SCANS = ("auto", "parallel", "sequential", "triton")
 
 
 @dataclass
@@ -31,9 +31,11 @@ class BDLRNNOptions(MixerOptions):
         input_map: ``"mlp"`` (default: the code's ReLU MLP d→d→d for ``v_k``) or ``"linear"`` (the paper's
             ``B u_k``).
         learned_initial_state: a learned x_0 initialised ``randn`` (the code) or x_0 = 0.
-        scan: ``"parallel"`` (§3.4 log-depth scan), ``"sequential"`` (loop over time; same numbers) or
-            ``"auto"`` (default: parallel for CUDA tensors, the loop on CPU, faster there:
-            benchmarks/results/block_scan.md).
+        scan: ``"parallel"`` (§3.4 log-depth scan), ``"sequential"`` (loop over time; same numbers),
+            ``"triton"`` (the sequential-in-time Triton kernel, :mod:`ssmhub.ops.triton.block_scan`, computed
+            in float32; CUDA, or CPU under ``TRITON_INTERPRET=1``; an error if it cannot run) or ``"auto"``
+            (default: on CUDA the Triton kernel where it can run and A is not float64, else the parallel scan;
+            on CPU the loop, faster there: benchmarks/results/block_scan.md).
     """
 
     block_size: int = 8

@@ -30,12 +30,29 @@ from torch.nn import functional as F
 
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
+from ..ops.triton.selective_scan import can_run_selective_scan, selective_scan_triton
 from .initial_values import fill_initial_values
 from .mamba_options import MambaOptions
 from .mixer import TokenMixer
 from .stacking import batched_linear, kept_stack, stack
 
-__all__ = ["MambaMixer", "MambaOptions", "MambaStepWeights", "mamba_step", "stack_step_weights"]
+__all__ = ["MambaMixer", "MambaOptions", "MambaStepWeights", "mamba_step", "scan_for", "stack_step_weights"]
+
+_SCAN_FUNCTIONS = {"chunked": selective_scan, "sequential": selective_scan_ref, "triton": selective_scan_triton}
+
+
+def scan_for(choice: str, x: torch.Tensor):
+    """The selective scan that option ``scan`` = ``choice`` runs on inputs like ``x`` (B, L, E): ``"auto"`` is
+    the Triton kernel on CUDA tensors where it can run and x is not float64 (it computes in float32), else the
+    chunked torch scan (on CPU always); ``"triton"`` raises ValueError where the kernel cannot run."""
+    if choice == "auto":
+        usable = x.is_cuda and x.dtype != torch.float64 and can_run_selective_scan(x.device)[0]
+        choice = "triton" if usable else "chunked"
+    elif choice == "triton":
+        usable, reason = can_run_selective_scan(x.device)
+        if not usable:
+            raise ValueError(f"MambaOptions.scan='triton' cannot run here ({reason}); use scan='auto'")
+    return _SCAN_FUNCTIONS[choice]
 
 
 def _kaiming_uniform_values(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -186,8 +203,7 @@ class MambaMixer(TokenMixer):
         if mask is not None:  # the conv bias made masked positions nonzero again
             u = u * mask.unsqueeze(-1).to(u.dtype)
         delta, B, C = self._selective_inputs(u, mask)
-        scan = selective_scan if self.scan == "chunked" else selective_scan_ref
-        y, ssm_final = scan(
+        y, ssm_final = scan_for(self.scan, u)(
             u,
             delta,
             self.A(),

@@ -12,7 +12,7 @@ from .options import MixerOptions, check_choice, check_integer, check_positive
 __all__ = ["SCANS", "TIME_STEP_INIT_SCHEMES", "MambaOptions"]
 
 TIME_STEP_INIT_SCHEMES = ("random", "constant")
-SCANS = ("chunked", "sequential")
+SCANS = ("auto", "chunked", "sequential", "triton")
 
 
 @dataclass
@@ -29,8 +29,12 @@ class MambaOptions(MixerOptions):
         time_step_floor: floored there (1e-4);
         time_step_scale, time_step_init_scheme: ``W_dt`` is uniform in ±R^(−1/2)·time_step_scale (``"random"``)
             or that constant (``"constant"``).
-        scan: ``"chunked"`` (the chunked parallel selective scan, default) or ``"sequential"`` (its
-            loop-over-time oracle; same numbers, slower).
+        scan: ``"auto"`` (default: ``"triton"`` on CUDA tensors where the Triton kernels can run and the
+            inputs are not float64, else ``"chunked"``; on CPU always ``"chunked"``), ``"chunked"`` (the chunked
+            selective scan in torch, :mod:`ssmhub.ops.selective_scan`), ``"triton"`` (the fused Triton kernels,
+            :mod:`ssmhub.ops.triton.selective_scan`, float32; CUDA, or CPU under ``TRITON_INTERPRET=1``; an
+            error where they cannot run) or ``"sequential"`` (the loop-over-time oracle; slower). All four
+            compute the same function, up to rounding order.
     """
 
     state_size: int = 16
@@ -44,7 +48,7 @@ class MambaOptions(MixerOptions):
     time_step_floor: float = 1e-4
     time_step_scale: float = 1.0
     time_step_init_scheme: str = "random"
-    scan: str = "chunked"
+    scan: str = "auto"
 
     def check_options(self, hidden_size: int | None = None) -> None:
         super().check_options(hidden_size)

@@ -23,10 +23,17 @@ import torch
 
 from .precision import float32_math
 
-__all__ = ["block_scan", "block_scan_ref", "block_step", "restart_blocks"]
+__all__ = [
+    "block_scan",
+    "block_scan_dtype",
+    "block_scan_ref",
+    "block_step",
+    "check_block_scan_inputs",
+    "restart_blocks",
+]
 
 
-def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+def block_scan_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     """The promoted floating dtype of the inputs, with half precision raised to float32."""
     dtype = None
     for t in tensors:
@@ -37,7 +44,7 @@ def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return dtype
 
 
-def _check_inputs(A: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None) -> None:
+def check_block_scan_inputs(A: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None) -> None:
     """Raise ValueError unless A is (batch, T, h, b, b), v is (batch, T, h, b), T ≥ 1 and the state fits."""
     if A.dim() != 5 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"A must have shape (batch, T, h, b, b); got {tuple(A.shape)}")
@@ -112,8 +119,8 @@ def block_scan(A: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | N
         Computed with autocast off, in float32 for half-precision inputs and in the inputs' dtype
         otherwise (float64 stays float64). Any T ≥ 1 works; depth ⌈log₂ T⌉, at most T − 1 b×b matmuls.
     """
-    _check_inputs(A, v, initial_state)
-    dtype = _compute_dtype(A, v, initial_state)
+    check_block_scan_inputs(A, v, initial_state)
+    dtype = block_scan_dtype(A, v, initial_state)
     A, v = A.to(dtype), v.to(dtype)
     x0 = None if initial_state is None else initial_state.to(dtype).expand(A.shape[0], -1, -1)  # (batch, h, b)
     return _scan(A, v, x0)
@@ -121,7 +128,7 @@ def block_scan(A: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | N
 
 def block_scan_ref(A: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
     """Reference for :func:`block_scan`: Eq. 5 one token at a time, in the inputs' (promoted) dtype."""
-    _check_inputs(A, v, initial_state)
+    check_block_scan_inputs(A, v, initial_state)
     batch, _, heads, block, _ = A.shape
     dtype = torch.promote_types(A.dtype, v.dtype)
     state = torch.zeros(batch, heads, block, dtype=dtype, device=A.device)
@@ -149,7 +156,7 @@ def block_step(A_t: torch.Tensor, v_t: torch.Tensor, state: torch.Tensor) -> tor
         raise ValueError(f"v_t must have shape (batch, h, b) = {(batch, heads, block)}; got {tuple(v_t.shape)}")
     if state.dim() != 3 or state.shape[0] not in (1, batch) or state.shape[1:] != (heads, block):
         raise ValueError(f"state must have shape (batch, h, b) = {(batch, heads, block)}; got {tuple(state.shape)}")
-    dtype = _compute_dtype(A_t, v_t, state)
+    dtype = block_scan_dtype(A_t, v_t, state)
     return _matvec(A_t.to(dtype), state.to(dtype)) + v_t.to(dtype)
 
 
@@ -165,7 +172,7 @@ def restart_blocks(
         or None (zeros: then only ``A_k → 0``).
     Returns: ``(A', v')`` of the same shapes, equal to (A, v) away from the starts.
     """
-    _check_inputs(A, v, initial_state)
+    check_block_scan_inputs(A, v, initial_state)
     if tuple(starts.shape) != tuple(A.shape[:2]) or starts.dtype != torch.bool:
         raise ValueError(
             f"starts must be a bool tensor of shape (batch, T) = {tuple(A.shape[:2])}; got {tuple(starts.shape)}"

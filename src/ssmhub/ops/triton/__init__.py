@@ -22,17 +22,29 @@ CPU-only machine). Triton itself is optional: without it :func:`can_run` says so
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
 import os
+import sys
 
 import torch
 
 from ..circulant import check_conv_args, conv_circulant, dft_matrix, fft_size, twiddle_matrix
 from ..precision import float32_math
 
-__all__ = ["MAX_FFT_SIZE", "MIN_FFT_SIZE", "can_run", "triton_available", "triton_conv"]
+__all__ = [
+    "MAX_FFT_SIZE",
+    "MIN_FFT_SIZE",
+    "can_run",
+    "interpreting",
+    "kernel_support",
+    "kernels_installed",
+    "launch_device",
+    "triton_available",
+    "triton_conv",
+]
 
 MIN_FFT_SIZE = 256  # 16 × 16: tl.dot needs tiles of at least 16 (a shorter FFT is padded: still exact)
 MAX_FFT_SIZE = 4096  # 64 × 64 complex tile per program
@@ -44,46 +56,53 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _interpreting() -> bool:
-    """Whether the kernels run (or will run, once imported) in Triton's CPU interpreter."""
-    kernels = _kernels_if_loaded()
+def interpreting(kernels_module: str) -> bool:
+    """Whether the kernels of ``kernels_module`` run (or will run, once imported) in Triton's CPU interpreter."""
+    kernels = sys.modules.get(kernels_module)
     if kernels is not None:
         return kernels.INTERPRETED
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
-KERNELS_MODULE = "ssmhub.ops.triton._kernels"  # by absolute name: a remote-code bundle does not carry it
-
-
-def _kernels_if_loaded():
-    import sys
-
-    return sys.modules.get(KERNELS_MODULE)
-
-
 @functools.cache
-def _kernels_installed() -> bool:
-    """True when the kernel module can be imported: not from a model folder's flattened remote code, which
-    has no copy of it (the bundle then falls back to the Butterfly backend instead of failing)."""
+def kernels_installed(kernels_module: str) -> bool:
+    """True when ``kernels_module`` can be imported: not from a model folder's flattened remote code, which
+    has no copy of the kernels (a caller then falls back to its torch path instead of failing)."""
     try:
-        return importlib.util.find_spec(KERNELS_MODULE) is not None
+        return importlib.util.find_spec(kernels_module) is not None
     except ImportError:  # the ssmhub package itself is not installed
         return False
 
 
-def can_run(device: torch.device, n: int) -> tuple[bool, str]:
-    """Whether :func:`triton_conv` can take an FFT of size ``n`` on ``device``; if not, ``"key: why"``."""
+def kernel_support(kernels_module: str, device: torch.device | str) -> tuple[bool, str]:
+    """Whether the Triton kernels of ``kernels_module`` can run on ``device``: ``(True, "")`` or
+    ``(False, "key: why")``. Every Triton op of ssmhub asks this first, then adds its own size limits."""
+    device = torch.device(device)
     if not triton_available():
         return False, "triton unavailable: the triton package is not installed"
-    if not _kernels_installed():
+    if not kernels_installed(kernels_module):
         return False, "kernels unavailable: the Triton kernels come with the installed ssmhub package"
-    if device.type == "cpu" and not _interpreting():
+    if device.type == "cpu" and not interpreting(kernels_module):
         return False, "cpu: Triton runs CPU tensors only with TRITON_INTERPRET=1 set before the first import"
     if device.type not in ("cpu", "cuda"):
         return False, f"device: no Triton kernel for {device.type} tensors"
-    if n > MAX_FFT_SIZE:
-        return False, f"fft size: FFT size {n} exceeds the fused kernel's on-chip limit {MAX_FFT_SIZE}"
     return True, ""
+
+
+def launch_device(t: torch.Tensor):
+    """A context that makes ``t``'s GPU current (Triton launches on the current CUDA device); a no-op on CPU."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+KERNELS_MODULE = "ssmhub.ops.triton._kernels"  # by absolute name: a remote-code bundle does not carry it
+
+
+def can_run(device: torch.device, n: int) -> tuple[bool, str]:
+    """Whether :func:`triton_conv` can take an FFT of size ``n`` on ``device``; if not, ``"key: why"``."""
+    usable, reason = kernel_support(KERNELS_MODULE, device)
+    if usable and n > MAX_FFT_SIZE:
+        return False, f"fft size: FFT size {n} exceeds the fused kernel's on-chip limit {MAX_FFT_SIZE}"
+    return usable, reason
 
 
 def _split(n: int) -> tuple[int, int]:

@@ -1,0 +1,226 @@
+"""The sequential Triton scan of the block-diagonal LRNN (arXiv 2309.07412 Eq. 5; ssmhub.ops.triton.block_scan)
+against the float64 loop block_scan_ref: values and the custom reverse-time backward (A, v, x_0), padding and
+document restarts written into A and v, growing (non-contractive) blocks, T = 1, and the BDLRNN mixer with
+scan="triton". On a CPU-only machine it runs under TRITON_INTERPRET=1 (tiny shapes: the interpreter is slow);
+skipped without triton."""
+
+import itertools
+import os
+
+import pytest
+import torch
+from comparisons import FP32_REL, scaled_close
+
+from ssmhub.ops.block_scan import block_scan_ref, block_step, restart_blocks
+
+if not torch.cuda.is_available():  # the kernels are decorated (interpreted or compiled) at their first import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from ssmhub.ops.triton.block_scan import MAX_BLOCK_SIZE, block_scan_triton, can_run_block_scan
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(
+    not can_run_block_scan(DEVICE)[0], reason="Triton cannot run here: " + can_run_block_scan(DEVICE)[1]
+)
+
+# Gradients against the float64 loop: the adjoint is a second scan of T ≤ 40 steps in reverse (≈ 4 rounded stages
+# per step: a b ≤ 8 term reduction and an add) on top of the forward's states, whose own error (FP32_REL) enters
+# dA through the outer product g x^T: ≈ 2× the forward's depth, hence 2 × FP32_REL of the largest entry.
+GRAD_REL = 2 * FP32_REL
+
+
+def _blocks(batch, seq_len, heads, block, gen, gain=1.0):
+    """Column-normalised blocks (every column 1-norm ≤ 1, Eq. 6 with p = 1) times ``gain`` (> 1: growing states)."""
+    raw = torch.randn(batch, seq_len, heads, block, block, generator=gen, dtype=torch.float64)
+    norms = raw.abs().sum(dim=-2, keepdim=True).clamp(min=1.0)  # (..., 1, b): column 1-norms
+    return (gain * raw / norms).float()
+
+
+def _inputs(batch, seq_len, heads, block, state="batch", seed=0, gain=1.0):
+    """float32 A (batch, T, h, b, b), v (batch, T, h, b) and x_0 (batch or 1, h, b) or None."""
+    gen = torch.Generator().manual_seed(seed)
+    A = _blocks(batch, seq_len, heads, block, gen, gain)
+    v = torch.randn(batch, seq_len, heads, block, generator=gen)
+    rows = {"none": 0, "batch": batch, "shared": 1}[state]
+    x0 = torch.randn(rows, heads, block, generator=gen) if rows else None
+    return A, v, x0
+
+
+def _check_against_loop(A, v, x0, prepare=lambda A, v, x0: (A, v, x0), **kwargs):
+    """States and gradients of every input (through ``prepare``, e.g. restart_blocks) of the Triton scan on the
+    float32 inputs equal the float64 loop's on the same numbers. Returns the Triton states."""
+    weight = torch.randn(v.shape, generator=torch.Generator().manual_seed(9))
+    leaves = [t.to(DEVICE).requires_grad_() for t in (A, v, x0) if t is not None]
+    exact = [t.detach().double().requires_grad_() for t in leaves]  # float64 leaves of the same values
+    got = block_scan_triton(*prepare(*_with_none(leaves, x0)), **kwargs)
+    expected = block_scan_ref(*prepare(*_with_none(exact, x0)))
+    assert got.shape == v.shape and got.dtype == torch.float32
+    scaled_close(got, expected, what="states")
+    grads = torch.autograd.grad((got * weight.to(DEVICE)).sum(), leaves)
+    grads_ref = torch.autograd.grad((expected * weight.double()).sum(), exact)
+    for name, g, e in zip(("A", "v", "x0"), grads, grads_ref):
+        scaled_close(g, e, GRAD_REL, what=f"gradient of {name}")
+    return got.detach()
+
+
+def _with_none(leaves, x0):
+    return (*leaves, None) if x0 is None else tuple(leaves)
+
+
+@pytest.mark.parametrize(
+    ("block", "seq_len", "heads"),
+    [(2, 40, 3), (4, 19, 2), (8, 11, 2), (3, 9, 3), (1, 7, 2)],  # b = 3: padded to 4 lanes, masked; b = 1: a scalar
+)
+@pytest.mark.parametrize("state", ["none", "batch", "shared"])
+def test_values_and_gradients_match_the_loop(block, seq_len, heads, state):
+    A, v, x0 = _inputs(2, seq_len, heads, block, state, seed=block)
+    _check_against_loop(A, v, x0)
+
+
+@pytest.mark.parametrize("heads_per_program", [1, 2, 4])
+def test_any_head_grouping_gives_the_loops_numbers(heads_per_program):
+    """G heads per program, with h = 3 not a multiple of 2 or 4 (the last group's extra heads are masked)."""
+    A, v, x0 = _inputs(2, 6, 3, 4, "batch", seed=1)
+    _check_against_loop(A, v, x0, heads_per_program=heads_per_program)
+
+
+def test_growing_blocks_match_the_loop():
+    """Non-contractive blocks (columns of 1-norm up to 1.6): states grow by ~an order of magnitude over T = 16;
+    the error stays relative to the largest state."""
+    A, v, x0 = _inputs(2, 16, 2, 4, "batch", seed=3, gain=1.6)
+    got = _check_against_loop(A, v, x0)
+    assert got.abs().max() > 5 * got[:, 0].abs().max()  # the states do grow
+
+
+def test_padded_steps_leave_the_state_unchanged():
+    """Masked steps as the layer writes them (A = I, v = 0, bdlrnn.BDLRNNMixer.transitions): the state passes
+    through with the same bits (x_i·1 + Σ 0·x_j + 0 is exact in IEEE arithmetic, with or without FMA), and the
+    gradients still follow the loop."""
+    A, v, x0 = _inputs(2, 12, 2, 4, "batch", seed=5)
+    padded = torch.zeros(2, 12, dtype=torch.bool)
+    padded[0, :3] = padded[0, 7] = padded[1, [4, 5, 11]] = True  # left padding, holes, the last step
+    A[padded] = torch.eye(4)
+    v[padded] = 0.0
+    got = _check_against_loop(A, v, x0)
+    before = torch.cat([x0.to(DEVICE).unsqueeze(1), got[:, :-1]], dim=1)  # (batch, T, h, b): x_{k-1}
+    assert torch.equal(got[padded.to(DEVICE)], before[padded.to(DEVICE)])
+
+
+@pytest.mark.parametrize("learned_x0", [True, False])
+def test_document_restarts_scan_every_document_from_x0(learned_x0):
+    """restart_blocks (A_k → 0, v_k → v_k + A_k x_0 at a start) then the Triton scan: each document of a packed
+    row equals its own loop from x_0, and the gradients of A, v and x_0 through restart_blocks follow the loop."""
+    A, v, carried = _inputs(2, 11, 2, 3, "batch", seed=4)
+    x0 = torch.randn(1, 2, 3, generator=torch.Generator().manual_seed(8)) if learned_x0 else None
+    starts = torch.zeros(2, 11, dtype=torch.bool)
+    starts[0, [3, 4, 6]] = True  # row 0 continues its incoming state, then documents of 1, 2 and 5
+    starts[1, [0, 8]] = True  # row 1 restarts at once
+    carried = carried.to(DEVICE)
+
+    def prepare(A, v, x0):
+        return (*restart_blocks(A, v, starts.to(A.device), x0), carried.to(A.dtype))
+
+    got = _check_against_loop(A, v, x0, prepare)
+    for row in range(2):
+        bounds = [0] + [t for t in starts[row].nonzero().flatten().tolist() if t > 0] + [11]
+        for i, (begin, end) in enumerate(itertools.pairwise(bounds)):
+            fresh = i > 0 or bool(starts[row, 0])
+            start = (x0 if x0 is not None else torch.zeros(1, 2, 3)) if fresh else carried[row : row + 1].cpu()
+            alone = block_scan_ref(A[row : row + 1, begin:end].double(), v[row : row + 1, begin:end].double(), start)
+            scaled_close(got[row : row + 1, begin:end], alone, what=f"row {row}, document at {begin}")
+
+
+@pytest.mark.parametrize("state", ["none", "shared"])
+def test_one_step_is_block_step(state):
+    A, v, x0 = _inputs(2, 1, 3, 8, state, seed=6)
+    got = _check_against_loop(A, v, x0)
+    start = torch.zeros(1, 3, 8) if x0 is None else x0
+    scaled_close(got[:, 0], block_step(A[:, 0].double(), v[:, 0].double(), start.double()))
+
+
+def test_only_the_inputs_that_need_gradients_get_them():
+    """A without requires_grad: the kernel skips dA (NEED_DA off) and v, x_0 still follow the loop."""
+    A, v, x0 = (t.to(DEVICE) for t in _inputs(2, 8, 2, 4, "shared", seed=7))
+    v.requires_grad_()
+    x0.requires_grad_()
+    dv, dx0 = torch.autograd.grad(block_scan_triton(A, v, x0).sum(), [v, x0])
+    exact = [t.detach().double().requires_grad_() for t in (v, x0)]
+    dv_ref, dx0_ref = torch.autograd.grad(block_scan_ref(A.double(), *exact).sum(), exact)
+    scaled_close(dv, dv_ref, GRAD_REL, what="gradient of v")
+    scaled_close(dx0, dx0_ref, GRAD_REL, what="gradient of x0")
+
+
+def test_dtypes_as_block_scan():
+    """The return dtype of block_scan: float32 for half precision, float64 stays float64 (computed in float32)."""
+    A, v, x0 = (t.to(DEVICE) for t in _inputs(1, 3, 2, 2, "batch", seed=2))
+    assert block_scan_triton(A.bfloat16(), v.bfloat16(), x0).dtype == torch.float32
+    got = block_scan_triton(A.double(), v.double(), x0.double())
+    assert got.dtype == torch.float64
+    scaled_close(got, block_scan_ref(A.double(), v.double(), x0.double()))
+
+
+def test_what_cannot_run_is_refused_naming_why():
+    assert can_run_block_scan(DEVICE, MAX_BLOCK_SIZE) == (True, "")
+    usable, reason = can_run_block_scan(DEVICE, MAX_BLOCK_SIZE + 1)
+    assert not usable and reason.startswith("block size")
+    assert can_run_block_scan("meta")[1].startswith("device")
+    big = MAX_BLOCK_SIZE * 2
+    with pytest.raises(ValueError, match=f"b = {big}"):
+        block_scan_triton(torch.zeros(1, 2, 1, big, big, device=DEVICE), torch.zeros(1, 2, 1, big, device=DEVICE))
+    A, v, _ = (t.to(DEVICE) if t is not None else None for t in _inputs(1, 2, 2, 2, "none"))
+    with pytest.raises(ValueError, match="heads_per_program"):
+        block_scan_triton(A, v, heads_per_program=3)
+    with pytest.raises(ValueError, match="v must have shape"):
+        block_scan_triton(A, v[:, :1])
+
+
+# ----------------------------------------------------------------------------- the BDLRNN mixer
+def _mixer_pair():
+    """A float32 mixer with scan="triton" and its float64 copy with scan="sequential" (the reference)."""
+    from ssmhub.layers.bdlrnn import BDLRNNMixer
+
+    torch.manual_seed(0)
+    mixer = BDLRNNMixer(8, block_size=4, transition_hidden_size=16, scan="triton").to(DEVICE)
+    reference = BDLRNNMixer(8, block_size=4, transition_hidden_size=16, scan="sequential").to(DEVICE).double()
+    reference.load_state_dict(mixer.state_dict())
+    return mixer, reference
+
+
+def test_mixer_with_the_triton_scan_matches_the_loop_with_padding_and_packed_rows():
+    """BDLRNNMixer(scan="triton") against its float64 copy with scan="sequential": outputs, final state and the
+    input gradient, on packed rows (document starts) with left padding and a hole. The layer adds an MLP of
+    ≤ 16 terms and the normalisation (≈ 15 rounded stages) to the 10-step scan: within FP32_REL's 40 stages."""
+    mixer, reference = _mixer_pair()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 10, 8, generator=gen).to(DEVICE)
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :2] = 0  # left padding
+    mask[0, 6] = 0  # a hole inside a document
+    starts = torch.zeros(2, 10, dtype=torch.bool)
+    starts[0, [0, 4]] = True
+    starts[1, [2, 7]] = True
+    mask, starts = mask.to(DEVICE), starts.to(DEVICE)
+    x32, x64 = x.clone().requires_grad_(), x.double().requires_grad_()
+    y, state = mixer(x32, mask, return_state=True, document_starts=starts)
+    y_ref, state_ref = reference(x64, mask, return_state=True, document_starts=starts)
+    scaled_close(y, y_ref, what="outputs")
+    scaled_close(state["bdlrnn_state"], state_ref["bdlrnn_state"], what="final state")
+    weight = torch.randn(y.shape, generator=gen).to(DEVICE)
+    (grad,) = torch.autograd.grad((y * weight).sum(), x32)
+    (grad_ref,) = torch.autograd.grad((y_ref * weight.double()).sum(), x64)
+    scaled_close(grad, grad_ref, GRAD_REL, what="input gradient")
+
+
+def test_mixer_scan_choice():
+    """On CPU "auto" stays the loop; "triton" that cannot run raises naming the option."""
+    from ssmhub.layers import bdlrnn
+
+    A = torch.zeros(1, 2, 2, 4, 4)
+    assert bdlrnn._choose_scan("auto", A) == "sequential"
+    assert bdlrnn._choose_scan("triton", A.to(DEVICE)) == "triton"
+    refuse = pytest.MonkeyPatch()
+    with refuse.context() as patch:
+        patch.setattr(bdlrnn, "can_run_block_scan", lambda device, block: (False, "cpu: no interpreter"))
+        with pytest.raises(ValueError, match="scan='triton'"):
+            bdlrnn._choose_scan("triton", A)
