@@ -6,14 +6,14 @@ PY := $(VENV)/bin/python
 SSMHUB_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export SSMHUB_DATA_DIR
 
-.PHONY: venv demo test test-all test-portable test-oldest-transformers lint bench clean
+.PHONY: venv demo test test-all test-portable test-oldest-transformers lint docs bench clean
 
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU wheel on these machines, so no CUDA build is downloaded
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,docs]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -22,7 +22,7 @@ demo: venv
 	$(PY) -m ssmhub.demo
 
 lint: venv
-	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples experiments
 
 test: lint
 	$(PY) -m pytest -q
@@ -53,10 +53,15 @@ test-oldest-transformers: venv $(OLDEST_DIR)/.installed
 	PYTHONPATH=$(OLDEST_DIR) $(PY) -c 'import transformers; assert transformers.__version__ == "$(OLDEST_TRANSFORMERS)", transformers.__version__'
 	PYTHONPATH=$(OLDEST_DIR) $(PY) -m pytest -q tests/test_imports.py tests/conformance/test_causal_lm.py
 
+# The documentation site (docs/ and the docstrings) into site/, strict: a broken link, a missing reference or a
+# docstring that does not parse fails. tests/test_docs_examples.py runs every Python block of README.md and docs/.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: venv
 	$(PY) benchmarks/decode_vs_context.py
-	$(PY) benchmarks/fftconv_vs_direct.py
+	$(PY) benchmarks/fftconv.py --kind direct
 	$(PY) benchmarks/train_throughput.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_DIR) runs build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache

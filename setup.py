@@ -42,7 +42,9 @@ setup(
             "onnx>=1.17",
             "onnxscript>=0.3",
             "onnxruntime>=1.20",
-        ]
+        ],
+        # the documentation site (make docs): mkdocs-material, and mkdocstrings for the API pages
+        "docs": ["mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     },
     entry_points={
         "console_scripts": [

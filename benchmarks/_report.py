@@ -19,7 +19,8 @@ import torch
 
 from ssmhub.fileio import write_text_atomic
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")  # experiments/_experiments.py points it at its own
 
 
 def median(values: Sequence[float]) -> float:
@@ -88,17 +89,22 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 
 def command_line() -> str:
-    """The command that produced the run (interpreter and ``sys.argv``), as it could be typed again."""
-    return " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+    """The command that produced the run as it could be typed again in a fresh clone's root: ``python``, then the
+    script's path relative to the repository (absolute where it lies outside) and its arguments."""
+    script = os.path.abspath(sys.argv[0])
+    if script.startswith(ROOT + os.sep):
+        script = os.path.relpath(script, ROOT)
+    return " ".join(shlex.quote(a) for a in ["python", script, *sys.argv[1:]])
 
 
-def write_report(script_name: str, title: str, sections: Sequence[str], results_dir: str = RESULTS_DIR) -> str:
+def write_report(script_name: str, title: str, sections: Sequence[str], results_dir: str | None = None) -> str:
     """Write ``<results_dir>/<script_name>.md`` atomically and return its path.
 
     Args:
         script_name: file stem of the benchmark script (``decode_vs_context``).
         title: the markdown title.
         sections: markdown blocks (tables, check lists, notes) appended in order after the header.
+        results_dir: where to write it; default :data:`RESULTS_DIR` as it is when called.
     """
     now = _dt.datetime.now(_dt.timezone.utc).astimezone()
     header = [
@@ -118,7 +124,7 @@ def write_report(script_name: str, title: str, sections: Sequence[str], results_
         "",
     ]
     text = "\n".join(header) + "\n" + "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
-    path = os.path.join(results_dir, f"{script_name}.md")
+    path = os.path.join(results_dir or RESULTS_DIR, f"{script_name}.md")
     write_text_atomic(path, text)
     return path
 
@@ -128,3 +134,23 @@ def print_and_write(args, title: str, text: str, table: str) -> None:
     print(table)
     if not args.no_write:
         print(f"wrote {write_report(args.name, title, [text, table])}")
+
+
+def parse_args_with_defaults(parser, argv, choice: str, defaults: dict[str, dict[str, object]]):
+    """Parse ``argv``; every flag left None takes its default for the value of ``--<choice>`` (``defaults[value]``),
+    and ``--threads``, where given, sets torch's thread count."""
+    args = parser.parse_args(argv)
+    for key, value in defaults[getattr(args, choice)].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def report(args, title: str, sections: Sequence[str]) -> None:
+    """Print ``sections``; unless ``args.no_write``, write them to ``results/<args.name>.md`` under ``title``."""
+    for section in sections:
+        print("\n" + section)
+    if not args.no_write:
+        print(f"\nwrote {write_report(args.name, title, sections)}")

@@ -17,9 +17,10 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[1]
 SOURCES = REPOSITORY / "src" / "ssmhub"
 SPEC_FILES = ("longconv", "serpent", "regular-lrnn", "dlr", "hf-integration", "reference-implementations")
-# "spec §3", "specs/serpent.md", "spec regular-lrnn §1.2", "spec serpent.md §1", or a spec file's name alone.
+# "spec §3", "specs/serpent.md", "spec regular-lrnn §1.2", "spec serpent.md §1", or a spec file's name alone (not a
+# page of this repository's docs: docs/families/serpent.md).
 SPEC_REFERENCE = re.compile(
-    r"\bspecs?\b\s*(§|/|[a-z-]+(\.md)?\s*§)|\b(" + "|".join(map(re.escape, SPEC_FILES)) + r")\.md\b",
+    r"\bspecs?\b\s*(§|/|[a-z-]+(\.md)?\s*§)|(?<![/\w-])(" + "|".join(map(re.escape, SPEC_FILES)) + r")\.md\b",
     re.IGNORECASE,
 )
 
@@ -32,7 +33,7 @@ def spec_references(text: str) -> list[tuple[int, str]]:
 
 
 def _text_files() -> list[Path]:
-    files = [REPOSITORY / "README.md"]
+    files = [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").rglob("*.md"))]
     for path in sorted(SOURCES.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and b"\0" not in path.read_bytes():
             files.append(path)

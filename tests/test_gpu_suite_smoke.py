@@ -6,11 +6,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = (
-    "Test suite on the device",
-    "Triton FlashButterfly against torch.fft",
-    "fft_conv backends",
-    "Scans against their loops",
-    "Decode per family",
+    "a. Triton kernels against float64",
+    "b. Scan speed, forward + backward",
+    "c. fft_conv backends",
+    "d. Decode per family: eager vs CUDA graph",
+    "e. Training throughput vs GPT-2",
+    "f. Test suite on the device",
 )
 
 
@@ -22,3 +23,4 @@ def test_gpu_suite_smoke_run_reports_every_step(tmp_path):
     for step in STEPS:
         assert f"## {step}" in report
     assert "FAILED" not in report
+    assert "Device: CPU" in report and "Command:" in report

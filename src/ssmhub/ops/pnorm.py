@@ -3,7 +3,7 @@
 The block-diagonal LRNN (Fan et al. 2023, arXiv 2309.07412, Eq. 6 and §3.3) bounds every column of every
 transition block in the p-norm with p = 1.2. ``torch.linalg.vector_norm`` evaluates ``|x|^p`` for a
 fractional p with a scalar ``pow`` per element, which made the norm and its backward a large share of a
-training step of the regular-language models (benchmarks/results/pnorm.md). Here
+training step of the regular-language models (experiments/results/pnorm.md). Here
 ``|x|^p = exp2(p·log2|x|)`` runs on PyTorch's vectorised exp2/log2:
 
 - forward: ``‖x‖_p = (Σ |x|^p)^(1/p)`` along ``dim``;
