@@ -29,6 +29,8 @@ exactly unchanged and left-padded rows give the numbers of the unpadded row.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -36,6 +38,7 @@ from ..ops.block_norm import normalize_by_largest_column
 from ..ops.block_scan import block_scan, block_scan_ref, block_step, restart_blocks
 from ..ops.pnorm import vector_p_norm
 from ..ops.precision import float32_math
+from ..ops.triton import pick_triton
 from ..ops.triton.block_scan import block_scan_triton, can_run_block_scan
 from .bdlrnn_options import NORM_MODES, BDLRNNOptions
 from .initial_values import fill_initial_values
@@ -200,15 +203,9 @@ def _choose_scan(scan: str, A: torch.Tensor) -> str:
     :func:`~ssmhub.ops.triton.block_scan.can_run_block_scan` allows it and A is not float64 (the kernel
     computes in float32), else the parallel scan on CUDA and the loop elsewhere; ``"triton"`` raises if it
     cannot run."""
-    if scan == "auto":
-        if A.is_cuda and A.dtype != torch.float64 and can_run_block_scan(A.device, A.shape[-1])[0]:
-            return "triton"
-        return "parallel" if A.is_cuda else "sequential"
-    if scan == "triton":
-        usable, reason = can_run_block_scan(A.device, A.shape[-1])
-        if not usable:
-            raise ValueError(f"BDLRNNOptions.scan='triton' cannot run here ({reason}); use scan='auto'")
-    return scan
+    support = functools.partial(can_run_block_scan, A.device, A.shape[-1])
+    fallback = "parallel" if A.is_cuda else "sequential"
+    return pick_triton(scan, A, support, fallback=fallback, option="BDLRNNOptions.scan")
 
 
 @float32_math

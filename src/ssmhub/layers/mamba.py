@@ -21,6 +21,7 @@ Padding: a masked position's input is zeroed before ``in_proj`` and after the co
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ from torch.nn import functional as F
 
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
+from ..ops.triton import pick_triton
 from ..ops.triton.selective_scan import can_run_selective_scan, selective_scan_triton
 from .initial_values import fill_initial_values
 from .mamba_options import MambaOptions
@@ -45,13 +47,8 @@ def scan_for(choice: str, x: torch.Tensor):
     """The selective scan that option ``scan`` = ``choice`` runs on inputs like ``x`` (B, L, E): ``"auto"`` is
     the Triton kernel on CUDA tensors where it can run and x is not float64 (it computes in float32), else the
     chunked torch scan (on CPU always); ``"triton"`` raises ValueError where the kernel cannot run."""
-    if choice == "auto":
-        usable = x.is_cuda and x.dtype != torch.float64 and can_run_selective_scan(x.device)[0]
-        choice = "triton" if usable else "chunked"
-    elif choice == "triton":
-        usable, reason = can_run_selective_scan(x.device)
-        if not usable:
-            raise ValueError(f"MambaOptions.scan='triton' cannot run here ({reason}); use scan='auto'")
+    support = functools.partial(can_run_selective_scan, x.device)
+    choice = pick_triton(choice, x, support, fallback="chunked", option="MambaOptions.scan")
     return _SCAN_FUNCTIONS[choice]
 
 

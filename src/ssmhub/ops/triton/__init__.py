@@ -42,6 +42,7 @@ __all__ = [
     "kernel_support",
     "kernels_installed",
     "launch_device",
+    "pick_triton",
     "triton_available",
     "triton_conv",
 ]
@@ -87,6 +88,21 @@ def kernel_support(kernels_module: str, device: torch.device | str) -> tuple[boo
     if device.type not in ("cpu", "cuda"):
         return False, f"device: no Triton kernel for {device.type} tensors"
     return True, ""
+
+
+def pick_triton(choice: str, tensor: torch.Tensor, support, fallback: str, option: str) -> str:
+    """The scan a layer option ``choice`` runs on ``tensor``: ``"auto"`` is ``"triton"`` on CUDA tensors that are
+    not float64 (the kernels compute in float32) where ``support()`` (a ``kernel_support``-style check) allows it,
+    else ``fallback``; ``"triton"`` raises a ValueError naming ``option`` where it cannot run; anything else is
+    itself."""
+    if choice == "auto":
+        usable = tensor.is_cuda and tensor.dtype != torch.float64 and support()[0]
+        return "triton" if usable else fallback
+    if choice == "triton":
+        usable, reason = support()
+        if not usable:
+            raise ValueError(f"{option}='triton' cannot run here ({reason}); use scan='auto'")
+    return choice
 
 
 def launch_device(t: torch.Tensor):
