@@ -114,22 +114,17 @@ def make_model(family: str, args, seq_len: int):
 
 @contextlib.contextmanager
 def generic_packing():
-    """Every mixer through the protocol's batch of documents (TokenMixer._forward_documents)."""
+    """Every mixer through the protocol's batch of documents (``native_packing`` off)."""
     from ssmhub.layers import BDLRNNMixer, CausalSelfAttention, MambaMixer, SerpentMixer
-    from ssmhub.layers.mixer import TokenMixer
 
     classes = (BDLRNNMixer, CausalSelfAttention, MambaMixer, SerpentMixer)
-    saved = {cls: cls.__dict__.get("_forward_documents") for cls in classes}
     for cls in classes:
-        cls._forward_documents = TokenMixer._forward_documents
+        cls.native_packing = False
     try:
         yield
     finally:
-        for cls, method in saved.items():
-            if method is None:
-                del cls._forward_documents
-            else:
-                cls._forward_documents = method
+        for cls in classes:
+            cls.native_packing = True
 
 
 def batches(rows: dict[str, torch.Tensor], batch_size: int, count: int) -> list[dict[str, torch.Tensor]]:

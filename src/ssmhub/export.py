@@ -8,12 +8,15 @@ that :func:`export_decode_step` turns into a ``torch.export.ExportedProgram`` an
 into an ONNX file (``torch.onnx.export(..., dynamo=True)``). The signature, fixed at export:
 
 - ``input_ids``: (B, 1) int64, the next token of every row (every token is real: there is no padding mask);
-- the states, in the order of :func:`decode_state_specs`: layer by layer, each layer's fields in the order of its
-  mixer's state (names ``state.<layer>.<field>``; outputs ``new_state.<layer>.<field>``, same order and shapes).
-  A complex64 state (DLR, H3's modal state) crosses the boundary as its real view (``torch.view_as_real``:
-  float32 with a last dimension of 2, real and imaginary parts). An attention layer of a hybrid holds a key/value
-  buffer of ``max_length`` tokens, its mask and its ``length`` (B,) int64, the tokens written so far
+- the states, in the cache's one format (:meth:`ssmhub.cache.RecurrentCache.state_dict`, the format of prompt
+  caches and stateful checkpoints too): named by its keys ``layers.<i>.<field>``, in its order (layer by layer,
+  each layer's fields in the order of its mixer's state layout); outputs ``new.layers.<i>.<field>``, same order
+  and shapes; :func:`decode_state_specs` lists them. A complex state crosses the boundary as its real view
+  (``torch.view_as_real``: a real dtype with a last dimension of 2, real and imaginary parts), whichever layer
+  holds it. An attention layer of a hybrid holds a key/value buffer of ``max_length`` tokens, its mask and its
+  ``length`` (B,) int64, the tokens written so far
   (:meth:`ssmhub.layers.attention.CausalSelfAttention.static_state`); recurrent layers do not depend on it.
+  The cache's ``seen_tokens`` is not carried (no layer reads it).
 - ``logits``: (B, vocab) float32, the next-token logits after ``input_ids``.
 
 :func:`initial_decode_states` gives the states before the first token. A prompt is prefilled by feeding its
@@ -32,6 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .cache import RecurrentCache
 from .models.static_decode import check_static_decode, static_states
 
 __all__ = [
@@ -51,8 +55,8 @@ StepFunction = Callable[[torch.Tensor, list[torch.Tensor]], tuple[torch.Tensor, 
 
 @dataclass(frozen=True)
 class StateSpec:
-    """One state tensor of the exported step: its input name, layer, field, shape and dtype at the boundary,
-    and whether the mixer holds it as complex64 (then the boundary tensor is its real view)."""
+    """One state tensor of the exported step: its input name (a key of the cache's state dict), layer, field, shape
+    and dtype at the boundary, and whether the mixer holds it complex (then the boundary tensor is its real view)."""
 
     name: str
     layer: int
@@ -67,22 +71,28 @@ def _boundary(tensor: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
+def _initial_states(model, batch_size: int, max_length: int, device=None) -> dict[str, torch.Tensor]:
+    """The states before the first token as the cache's state dict has them (``layers.<i>.<field>``, in its order;
+    ``device``: default the model's), ``seen_tokens`` left out (no layer reads it; attention counts its own)."""
+    cache = RecurrentCache(len(model.backbone.layers))
+    cache.layers = static_states(model, batch_size, max_length, device=device)
+    return {name: tensor for name, tensor in cache.state_dict().items() if name != "seen_tokens"}
+
+
 def decode_state_specs(model, batch_size: int = 1, max_length: int = 2048) -> list[StateSpec]:
     """The states of the exported step, in input (and output) order. ``max_length``: the most tokens (prompt and
     generated) a row decodes; only attention layers depend on it."""
     specs = []
-    for layer, state in enumerate(static_states(model, batch_size, max_length, device="meta")):
-        for field, tensor in state.items():
-            view = _boundary(tensor)
-            specs.append(
-                StateSpec(f"state.{layer}.{field}", layer, field, tuple(view.shape), view.dtype, tensor.is_complex())
-            )
+    for name, tensor in _initial_states(model, batch_size, max_length, device="meta").items():
+        _, layer, field = name.split(".", 2)  # layers.<i>.<field>
+        view = _boundary(tensor)
+        specs.append(StateSpec(name, int(layer), field, tuple(view.shape), view.dtype, tensor.is_complex()))
     return specs
 
 
 def initial_decode_states(model, batch_size: int = 1, max_length: int = 2048) -> list[torch.Tensor]:
     """The states before the first token, in the order of :func:`decode_state_specs`, on the model's device."""
-    return [_boundary(t).contiguous() for state in static_states(model, batch_size, max_length) for t in state.values()]
+    return [_boundary(t).contiguous() for t in _initial_states(model, batch_size, max_length).values()]
 
 
 class DecodeStep(nn.Module):
@@ -103,15 +113,15 @@ class DecodeStep(nn.Module):
     def forward(self, input_ids: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(states) != len(self.specs):
             raise ValueError(f"the step takes {len(self.specs)} state tensors after input_ids; got {len(states)}")
-        layers: list[dict[str, torch.Tensor]] = [{} for _ in self.model.backbone.layers]
-        for spec, tensor in zip(self.specs, states):
-            layers[spec.layer][spec.field] = torch.view_as_complex(tensor) if spec.is_complex else tensor
         backbone = self.model.backbone
+        named = {spec.name: torch.view_as_complex(t) if spec.is_complex else t for spec, t in zip(self.specs, states)}
+        cache = RecurrentCache.from_state_dict(named, len(backbone.layers))
         hidden = backbone.embeddings(input_ids)  # (B, 1, H)
-        hidden, layers = backbone.run_layers(hidden, layers)
+        hidden, layers = backbone.run_layers(hidden, cache.layers)
         if backbone.norm_f is not None:
             hidden = backbone.norm_f(hidden)
         logits = self.model.lm_head(hidden[:, -1]).float()  # (B, vocab)
+        # out by each spec's layer and field: state_dict() detaches, and ONNX has no detach of a complex tensor
         return (logits, *(_boundary(layers[spec.layer][spec.field]) for spec in self.specs))
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
@@ -123,7 +133,7 @@ class DecodeStep(nn.Module):
         return ["input_ids", *(spec.name for spec in self.specs)]
 
     def output_names(self) -> list[str]:
-        return ["logits", *(f"new_{spec.name}" for spec in self.specs)]
+        return ["logits", *(f"new.{spec.name}" for spec in self.specs)]
 
 
 def export_decode_step(model, batch_size: int = 1, max_length: int = 2048) -> torch.export.ExportedProgram:

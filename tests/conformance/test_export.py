@@ -65,19 +65,51 @@ def test_onnxruntime_decodes_as_generate(family, tmp_path):
     _assert_matches(onnx_step(session), model, prompt, tokens, logits)
 
 
-def test_the_signature_is_documented_and_real():
+def test_the_signature_is_the_caches_one_format():
+    """The states are named and ordered as the cache's state dict (prompt caches and stateful checkpoints hold the
+    same): a static cache's, ``seen_tokens`` left out; a complex state crosses as its real view."""
     family = next(f for f in FAMILIES if f.name == "h3-hybrid")
     torch.manual_seed(0)
     model = family.causal_lm(family.config()).eval()
     specs = decode_state_specs(model, 2, 7)
-    assert [s.layer for s in specs] == sorted(s.layer for s in specs)
+    cache = model.static_cache(2, 7).state_dict()
+    assert [s.name for s in specs] == [name for name in cache if name != "seen_tokens"]
+    for spec in specs:
+        held = cache[spec.name]
+        assert spec.name == f"layers.{spec.layer}.{spec.field}" and spec.is_complex == held.is_complex()
+        view = torch.view_as_real(held) if held.is_complex() else held
+        assert (spec.shape, spec.dtype) == (tuple(view.shape), view.dtype)
     attention = {s.field: s for s in specs if s.layer == 1}
     assert attention["key"].shape == (2, 2, 7, 8) and attention["length"].dtype == torch.long
-    assert not any(s.dtype.is_complex for s in specs)
-    dlr = next(f for f in FAMILIES if f.name == "dlr")
+    step = DecodeStep(model, 2, 7)
+    assert step.output_names() == ["logits", *(f"new.{s.name}" for s in specs)]
+
+
+def test_a_complex_state_crosses_as_its_real_view():
+    """A distilled H3 holds its modal state complex: the step takes and returns its real view and decodes as
+    ``generate`` (eagerly: its distilled step does not trace with ``torch.export`` yet)."""
+    import ssmhub
+
     torch.manual_seed(0)
-    (spec, *_) = decode_state_specs(dlr.causal_lm(dlr.config()), 1, 4)
-    assert spec.is_complex and spec.shape == (1, 16, 8, 2) and spec.dtype == torch.float32  # the real view
+    config = ssmhub.H3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, max_kernel_length=32,
+                             attention_layers=[], ssm_num_heads=2)  # fmt: skip
+    model = ssmhub.H3ForCausalLM(config).eval()
+    model.distill_for_decoding(4)
+    complex_specs = [s for s in decode_state_specs(model, 1, 8) if s.is_complex]
+    assert complex_specs and all(s.shape[-1] == 2 and not s.dtype.is_complex for s in complex_specs)
+    prompt = random_ids(1, 3, vocab=64)
+    out = model.generate(prompt, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    step = DecodeStep(model, 1, 8)
+
+    def eager(input_ids, states):
+        logits, *states = step(input_ids, *states)
+        return logits, states
+
+    got, scores, states = greedy_decode(eager, prompt, initial_decode_states(model, 1, 8), 4)
+    assert [(tuple(t.shape), t.dtype) for t in states] == [(s.shape, s.dtype) for s in step.specs]
+    assert torch.equal(got, out.sequences[:, 3:])
+    for i, (ours, theirs) in enumerate(zip(scores, out.logits)):
+        scaled_close(ours, theirs, rel=MODEL_REL, what=f"logits of step {i}")
 
 
 def test_bad_input_is_refused_by_name():

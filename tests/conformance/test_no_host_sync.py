@@ -7,21 +7,37 @@ import pytest
 import torch
 from conftest import random_ids
 from torch.overrides import TorchFunctionMode
+from transformers import DataCollatorWithFlattening
 
 # Tensor methods and functions that copy a value to the host (a data-dependent shape is one too: nonzero)
 HOST_READS = {"item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__"}
 
 
 class _NoHostReads(TorchFunctionMode):
-    """Fails at the first op that reads a tensor's values back to the host."""
+    """Fails at the first op that reads a tensor's values back to the host (``count``: counts them instead)."""
+
+    def __init__(self, count: bool = False):
+        super().__init__()
+        self.count, self.reads = count, []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         index = args[1] if name == "__getitem__" and len(args) > 1 else None
         indices = index if isinstance(index, tuple) else (index,)
         if name in HOST_READS or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
-            raise AssertionError(f"a host read in a decode step: {name}")
+            if not self.count:
+                raise AssertionError(f"a host read in a decode step: {name}")
+            self.reads.append(name)
         return func(*args, **(kwargs or {}))
+
+
+def _host_reads(model, **inputs) -> list[str]:
+    """The host reads of one forward of ``model`` on ``inputs`` (after one unwatched forward, which may keep
+    what later ones reuse)."""
+    model(**inputs)
+    with _NoHostReads(count=True) as spy:
+        model(**inputs)
+    return spy.reads
 
 
 @torch.no_grad()
@@ -34,6 +50,22 @@ def test_a_static_cache_decode_step_reads_nothing_back(causal_lm):
         for t in range(1, 4):
             logits = causal_lm(ids[:, t : t + 1], cache=cache, use_cache=True).logits
     assert logits.shape[:2] == (2, 1) and cache.get_seq_length() == 10
+
+
+def test_a_packed_training_forward_reads_nothing_back(causal_lm):
+    """A training forward on ``DataCollatorWithFlattening``'s batch (its ``max_length_q`` and ``cu_seq_lens``: the
+    sizes of a batch of documents, host integers from the collator) reads nothing back, as the same tokens unpacked
+    (where those read nothing: a CPU kernel may read where a read is free); with ``position_ids`` alone, one read
+    at most (the sizes, once per forward, not per layer)."""
+    documents = [random_ids(1, n, seed=n)[0].tolist() for n in (5, 9, 3, 7)]
+    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": ids} for ids in documents])
+    assert isinstance(batch["max_length_q"], int) and batch["input_ids"].shape == (1, 24)
+    model = causal_lm.train()
+    plain = _host_reads(model, input_ids=batch["input_ids"], labels=batch["labels"])
+    if plain:
+        pytest.skip(f"the plain training forward reads on this device: {plain}")
+    assert _host_reads(model, **batch) == []
+    assert len(_host_reads(model, input_ids=batch["input_ids"], position_ids=batch["position_ids"])) <= 1
 
 
 @torch.no_grad()
@@ -79,3 +111,22 @@ def test_a_distilled_h3_decode_step_reads_nothing_back():
         for t in range(1, 4):
             model(ids[:, t : t + 1], cache=cache, use_cache=True)
     assert cache.get_seq_length() == 10
+
+
+@pytest.mark.parametrize("mode", ["causal", "faithful"])
+def test_a_serpent_training_forward_reads_nothing_back(mode, monkeypatch):
+    """SeRpEnt's parallel forward and backward, as on an accelerator or under ``torch.compile`` (the grid padded to
+    L slots, Δ's time lattice built on the device), read no value back: not Δ, not max L̄, not a mask's ``all()``."""
+    from ssmhub.layers import serpent
+
+    monkeypatch.setattr(serpent, "static_grid", lambda x: True)
+    torch.manual_seed(0)
+    mixer = serpent.SerpentMixer(12, resampling_rates=[0.5, 0.2], resampling_window=3, num_distance_features=4,
+                                 state_size=4, resampling_mode=mode)  # fmt: skip
+    x = torch.randn(2, 9, 12, requires_grad=True)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :3] = False
+    with _NoHostReads():
+        y, _ = mixer(x, mask, return_state=mode == "causal")
+        y.square().sum().backward()
+    assert x.grad.abs().sum() > 0 and mixer.resampled[0].ssm.log_grid_step.grad is not None

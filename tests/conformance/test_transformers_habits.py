@@ -16,6 +16,7 @@ from conftest import random_ids
 from transformers import AutoModelForCausalLM
 
 import ssmhub
+from ssmhub.models import FAMILIES
 from ssmhub.models.configuration_recurrent import POOLINGS
 
 WIDTHS = (64, 128, 256, 512, 768)
@@ -57,9 +58,7 @@ def test_generate_from_inputs_embeds_gives_the_tokens_of_the_ids_that_made_them(
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize(
-    "config_class", [ssmhub.DLRConfig, ssmhub.H3Config, ssmhub.SerpentConfig, ssmhub.BDLRNNConfig], ids=str
-)
+@pytest.mark.parametrize("config_class", [classes["AutoConfig"] for classes in FAMILIES.values()], ids=str)
 def test_every_usual_width_builds_with_the_default_options(config_class, width):
     """A user's first config names only a width: every family builds and runs a forward at 64 ... 768 (H3's
     attention keeps heads of width 64, SeRpEnt's base branch takes the remainder of the split)."""

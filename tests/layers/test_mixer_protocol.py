@@ -142,17 +142,17 @@ def test_packed_rows_equal_the_stepwise_reference_with_a_state_and_padding(mixer
     torch.testing.assert_close(grad, grad_ref, atol=TOL, rtol=TOL)
 
 
-NATIVE_PACKING = {"mamba", "mamba-sequential", "bdlrnn", "bdlrnn-parallel", "bdlrnn-zero-x0", "attention", "serpent"}
+NATIVE_PACKING = sorted(name for name, make in MIXERS.items() if make().native_packing)  # the mixers that say so
 
 
-@pytest.mark.parametrize("name", sorted(NATIVE_PACKING))
+@pytest.mark.parametrize("name", NATIVE_PACKING)
 def test_native_packed_forms_run_the_row_itself_not_a_batch_of_documents(name, monkeypatch):
     """Mixers with a native packed form never call the protocol's batch of documents (whose cost is S×W)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("split_documents called: the generic packed form ran")
 
-    monkeypatch.setattr("ssmhub.layers.mixer.split_documents", refuse)
+    monkeypatch.setattr("ssmhub.layers.packing.split_documents", refuse)
     torch.manual_seed(0)
     mixer = MIXERS[name]()
     if isinstance(mixer, SerpentMixer):  # its resampling branches still batch their documents

@@ -13,6 +13,7 @@ from comparisons import EPS32, FP32_REL, scaled_close
 from torch.nn import functional as F
 
 import ssmhub
+from ssmhub.layers import serpent as serpent_layer
 from ssmhub.layers import serpent_step
 from ssmhub.layers.mamba import MambaMixer
 from ssmhub.layers.serpent import ResamplingBranch, SerpentMixer
@@ -190,9 +191,12 @@ def test_branch_matches_the_loop_outputs_and_gradients_with_padding(mode, kappa,
     assert_matches_loop(branch, lambda row: branch_by_loop(branch, row), x, padding_mask(17), 1e-5, 1e-4)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["grid_of_max_Lbar", "grid_of_L"])
 @pytest.mark.parametrize("mode", ["causal", "faithful"])
-def test_mixer_matches_the_loop_outputs_and_gradients_with_padding(mode):
-    """Eq. 15: the base Mamba and two resampling branches (κ = 0.5, 0.25) concatenated, against the loops."""
+def test_mixer_matches_the_loop_outputs_and_gradients_with_padding(mode, static, monkeypatch):
+    """Eq. 15: the base Mamba and two resampling branches (κ = 0.5, 0.25) concatenated, against the loops; with
+    the grid of max L̄ slots (the CPU's) and of L slots (an accelerator's or a compiled forward's, no host read)."""
+    monkeypatch.setattr(serpent_layer, "static_grid", lambda x: static)
     torch.manual_seed(0)
     mixer = SerpentMixer(
         HIDDEN,

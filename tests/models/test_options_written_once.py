@@ -8,19 +8,17 @@ from dataclasses import MISSING, fields
 import pytest
 from transformers import MambaConfig
 
-from ssmhub import BDLRNNConfig, DLRConfig, H3Config, SerpentConfig
+from ssmhub import DLRConfig, H3Config
 from ssmhub.layers.attention_options import AttentionOptions
-from ssmhub.layers.bdlrnn_options import BDLRNNOptions
-from ssmhub.layers.dlr_options import DLROptions
 from ssmhub.layers.h3_options import H3Options
 from ssmhub.layers.mamba_options import MambaOptions
-from ssmhub.layers.serpent_options import SerpentOptions
+from ssmhub.layers.options import MixerOptions
+from ssmhub.models import FAMILIES
 
+# every registered family's config and the mixer options it inherits (its bases in the layers tier)
 OPTIONS_OF = {
-    DLRConfig: (DLROptions,),
-    BDLRNNConfig: (BDLRNNOptions,),
-    H3Config: (H3Options, AttentionOptions),
-    SerpentConfig: (SerpentOptions,),
+    config: tuple(base for base in config.__bases__ if issubclass(base, MixerOptions))
+    for config in (classes["AutoConfig"] for classes in FAMILIES.values())
 }
 TINY = {"vocab_size": 16, "hidden_size": 24, "num_hidden_layers": 2}
 
@@ -62,10 +60,13 @@ def _cases():
                         yield pytest.param(config_class, options_class, f.name, bad, id=case)
 
 
+def test_the_registry_holds_every_family_with_its_options():
+    assert len(OPTIONS_OF) >= 4 and all(OPTIONS_OF.values()), OPTIONS_OF  # a family without options inherits none
+    assert OPTIONS_OF[H3Config] == (H3Options, AttentionOptions)
+
+
 @pytest.mark.parametrize("config_class", list(OPTIONS_OF))
 def test_config_inherits_its_mixer_options_and_redeclares_none(config_class):
-    for options_class in OPTIONS_OF[config_class]:
-        assert issubclass(config_class, options_class)
     own = set(inspect.get_annotations(config_class))
     option_fields = {f.name for options_class in OPTIONS_OF[config_class] for f in fields(options_class)}
     assert not own & option_fields, f"{config_class.__name__} redeclares {sorted(own & option_fields)}"

@@ -684,17 +684,21 @@ def test_bad_inputs_raise_value_error_naming_the_argument():
 
 
 def test_lattice_of_a_tensor_equals_the_scalar_lattice_of_each_value():
-    """The on-device lattice (frexp, no host sync) gives each Δ the quantum, units and snapped Δ of the host path."""
+    """The on-device lattice (log2, no host sync) gives each Δ the quantum, units and snapped Δ of frexp on the host."""
     gen = torch.Generator().manual_seed(0)
     powers = 2.0 ** torch.arange(-30, 31, 3).float()  # and the float32 values on either side of each
     around = [powers, torch.nextafter(powers, torch.zeros(())), torch.nextafter(powers, torch.full((), 1e30))]
     values = torch.cat([torch.exp(8 * torch.randn(500, generator=gen)), torch.tensor([3.0, 0.7]), *around])
     lattice = resampling_lattice(values.float())
+    scalar = _lattice(values[0].float(), torch.device("cpu"))  # the scalar functions' lattice: the same function
+    assert scalar.units.item() == lattice.units[0].item() and scalar.delta.item() == lattice.delta[0].item()
     for i, value in enumerate(values.float().tolist()):
-        reference = _lattice(value, torch.device("cpu"))  # powers of two and integers: exact
-        assert lattice.quantum[i].item() == reference.quantum
-        assert lattice.units[i].item() == reference.units
-        assert lattice.delta[i].item() == reference.delta.item()
+        _, exponent = math.frexp(value)  # the host reference: value = m·2^exponent, m ∈ [0.5, 1)
+        quantum = math.ldexp(1.0, exponent - 29)  # q = 2^(⌊log₂Δ⌋ − 28); powers of two and integers: exact
+        units = round(value / quantum)
+        assert lattice.quantum[i].item() == quantum
+        assert lattice.units[i].item() == units
+        assert lattice.delta[i].item() == units * quantum
     for bad in (torch.tensor([1.0, 0.0]), torch.tensor([float("nan")]), torch.tensor([-1.0, 1.0])):
         with pytest.raises(ValueError, match="grid_step"):
             resampling_lattice(bad)

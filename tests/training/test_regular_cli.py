@@ -153,6 +153,19 @@ def test_a_resumed_run_trains_like_an_uninterrupted_one(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pieces.pt", "whole.pt"]  # no temporary files left
 
 
+def test_a_checkpoint_written_before_the_shared_online_loop_resumes(tmp_path):
+    """Its progress record has no ``train_s`` (ssmhub.training.online counts it now): it resumes as before."""
+    whole, pieces = tmp_path / "whole.pt", tmp_path / "pieces.pt"
+    uninterrupted = run_regular(tiny(steps=6, checkpoint=str(whole)), log=lambda _: None)
+    run_regular(tiny(steps=4, checkpoint=str(pieces)), log=lambda _: None)
+    old = torch.load(pieces, weights_only=True)
+    del old["progress"]["train_s"]
+    torch.save(old, pieces)
+    resumed = run_regular(tiny(steps=6, checkpoint=str(pieces)), log=lambda _: None)
+    assert (resumed.steps, resumed.test_accuracy) == (uninterrupted.steps, uninterrupted.test_accuracy)
+    same_run_state(torch.load(pieces, weights_only=True), torch.load(whole, weights_only=True))
+
+
 def test_a_finished_checkpoint_is_evaluated_without_more_training(tmp_path):
     path = str(tmp_path / "run.pt")
     first = run_regular(tiny(target_accuracy=0.0, checkpoint=path), log=lambda _: None)

@@ -45,6 +45,10 @@ class CausalSelfAttention(TokenMixer):
         bias: biases in the q/k/v and output projections.
     """
 
+    # packed rows in one attention call on the whole row with a block-diagonal causal mask (a query sees the keys
+    # of its own document only); the oracle is _forward_documents_stepwise
+    native_packing = True
+
     def __init__(self, hidden_size: int, options: AttentionOptions | None = None, *, bias: bool = True, **values):
         super().__init__()
         options = AttentionOptions.take(options, **values)
@@ -93,12 +97,6 @@ class CausalSelfAttention(TokenMixer):
         got = {name: tuple(value.shape) for name, value in state.items()}
         if got != expected:
             raise ValueError(f"a static attention state must hold tensors of shapes {expected}; got {got}")
-
-    def _forward_documents(self, x, mask, state, return_state, starts):
-        """Packed rows natively: one attention call on the whole row with a block-diagonal causal mask (a query
-        sees the keys of its own document only), instead of a batch of documents; the oracle is
-        :meth:`_forward_documents_stepwise` (earlier documents' keys masked out at each start)."""
-        return self._forward(x, mask, state, return_state, starts)
 
     def _forward(self, x, mask, state, return_state, starts=None):
         """x (B, L, d), mask (B, L) of the new tokens; ``state`` holds the earlier tokens' keys/values;

@@ -94,6 +94,10 @@ class BDLRNNMixer(TokenMixer):
             fields.
     """
 
+    # packed rows at an unpacked row's cost: at a document start Eq. 5 restarts from the learned x_0 (A_k → 0,
+    # v_k → v_k + A_k x_0, ops.block_scan.restart_blocks); the oracle is _forward_documents_stepwise
+    native_packing = True
+
     def __init__(self, hidden_size: int, options: BDLRNNOptions | None = None, **values):
         super().__init__()
         options = BDLRNNOptions.take(options, **values)
@@ -165,12 +169,6 @@ class BDLRNNMixer(TokenMixer):
         return state
 
     # ----------------------------------------------------------------------------- forward
-    def _forward_documents(self, x, mask, state, return_state, starts):
-        """Packed rows natively, at the cost of an unpacked row: at a document start Eq. 5 restarts from the
-        learned x_0 (``A_k → 0``, ``v_k → v_k + A_k x_0``, :func:`~ssmhub.ops.block_scan.restart_blocks`), as
-        :meth:`_forward_documents_stepwise` does one token at a time (the oracle in the tests)."""
-        return self._forward(x, mask, state, return_state, starts)
-
     def _forward(self, x, mask, state, return_state, starts=None):
         """x (B, T, d) -> y (B, T, d) in x's dtype: the flattened states x_1..x_T; ``starts`` (B, T) bool or
         None: document starts of packed rows."""

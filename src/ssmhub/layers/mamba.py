@@ -133,6 +133,10 @@ class MambaMixer(TokenMixer):
             is ``expand × output_size`` (transformers' ``intermediate_size = expand × hidden_size``).
     """
 
+    # packed rows at an unpacked row's cost: at a document start the short convolution takes no tap from before it
+    # and the selective scan restarts from h = 0 (Ā_t → 0); the oracle is _forward_documents_stepwise
+    native_packing = True
+
     def __init__(
         self, hidden_size: int, options: MambaOptions | None = None, *, output_size: int | None = None, **values
     ):
@@ -181,12 +185,6 @@ class MambaMixer(TokenMixer):
         return self.conv1d.weight[:, 0, :]  # (E, k): tap k − 1 meets the newest input
 
     # ----------------------------------------------------------------------------- forward
-    def _forward_documents(self, x, mask, state, return_state, starts):
-        """Packed rows natively, at the cost of an unpacked row: at a document start the short convolution takes
-        no tap from before it and the selective scan restarts from h = 0 (``Ā_t → 0``), as
-        :meth:`_forward_documents_stepwise` does one token at a time (the oracle in the tests)."""
-        return self._forward(x, mask, state, return_state, starts)
-
     def _forward(self, x, mask, state, return_state, starts=None):
         """x (B, L, H) -> y (B, L, output_size); ``starts`` (B, L) bool or None: document starts of packed rows."""
         batch = x.shape[0]

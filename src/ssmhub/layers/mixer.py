@@ -16,8 +16,9 @@ to a mixer that reads later tokens; and implements the hook long documents need:
   each state restarts as at the start of a sequence (:meth:`TokenMixer.reset_state`).
 
 Packed rows run every document alone, batched through the mixer's own parallel ``_forward``
-(:mod:`ssmhub.layers.packing`); a mixer may override ``_forward_documents`` with a faster form of the same
-numbers. Exact rollback (assisted decoding) needs nothing of a mixer: the cache keeps the states before a
+(:mod:`ssmhub.layers.packing`); a mixer whose ``_forward`` restarts its states at ``starts`` itself (the same
+numbers, at the cost of an unpacked row) says so with ``native_packing = True`` and gets them as its last
+argument. Exact rollback (assisted decoding) needs nothing of a mixer: the cache keeps the states before a
 verification forward and replays the accepted tokens (:mod:`ssmhub.cache`).
 
 How a new mixer joins:
@@ -39,7 +40,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .packing import Segments, split_documents
+from .packing import PackedRows, Segments
 
 __all__ = ["MixerState", "StateLayout", "TokenMixer", "check_mixer_inputs"]
 
@@ -65,6 +66,7 @@ class TokenMixer(nn.Module):
 
     hidden_size: int  # the width of x
     causal: bool = True  # False: an output may depend on later tokens, so there is no state to carry
+    native_packing: bool = False  # True: ``_forward(x, mask, state, return_state, starts)`` runs packed rows itself
 
     # ----------------------------------------------------------------------------- what a mixer implements
     def _forward(self, x: torch.Tensor, mask, state, return_state: bool) -> tuple[torch.Tensor, MixerState | None]:
@@ -88,7 +90,7 @@ class TokenMixer(nn.Module):
         mask: torch.Tensor | None = None,
         state: MixerState | None = None,
         return_state: bool = False,
-        document_starts: torch.Tensor | None = None,
+        document_starts: torch.Tensor | PackedRows | None = None,
     ) -> tuple[torch.Tensor, MixerState | None]:
         """Mix a whole sequence.
 
@@ -98,7 +100,8 @@ class TokenMixer(nn.Module):
                 or None for the start of a sequence.
             return_state: also return the state after the last token.
             document_starts: (B, L) bool, True where a packed row starts a new document: every state restarts
-                there as at a sequence start.
+                there as at a sequence start; or :class:`~ssmhub.layers.packing.PackedRows` (the same, with the
+                sizes of its batch of documents, shared by the layers of a model).
 
         Returns: ``(y (B, L, output_size), new_state or None)``.
         """
@@ -110,11 +113,11 @@ class TokenMixer(nn.Module):
         if mask is not None:
             x = x * mask.unsqueeze(-1).to(x.dtype)
         if document_starts is not None:
-            if document_starts.shape != x.shape[:2]:
-                raise ValueError(
-                    f"document_starts must have shape {tuple(x.shape[:2])}; got {tuple(document_starts.shape)}"
-                )
-            return self._forward_documents(x, mask, state, return_state, document_starts.to(torch.bool))
+            rows = PackedRows.of(document_starts, x.shape[:2])
+            if self.native_packing:
+                with rows.passed_on():
+                    return self._forward(x, mask, state, return_state, rows.starts)
+            return self._forward_documents(x, mask, state, return_state, rows)
         if state is not None and x.shape[1] == 1:
             y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
             return y_t.unsqueeze(1), (new_state if return_state else None)
@@ -180,18 +183,17 @@ class TokenMixer(nn.Module):
             raise ValueError(f"{self.noncausal_reason()}: it has no recurrent state to carry or step")
 
     # ----------------------------------------------------------------------------- long documents, rollback
-    def _forward_documents(self, x, mask, state, return_state, starts):
+    def _forward_documents(self, x, mask, state, return_state, rows: PackedRows):
         """Packed rows as what they mean, every document run alone: the segments of all rows become one batch
         (:func:`~ssmhub.layers.packing.split_documents`) through the mixer's own parallel forward, and the
         outputs go back to their places. Exact for every mixer whose padding adds nothing to a state."""
         B, L, _ = x.shape
-        segments = split_documents(starts, continuing=state is not None)
+        segments = rows.segments(continuing=state is not None)
         x_seg = x.reshape(B * L, -1)[segments.index] * segments.valid.unsqueeze(-1).to(x.dtype)  # (S, W, H)
         valid = segments.valid if mask is None else segments.valid & mask.reshape(-1)[segments.index].bool()
         seg_state = None if state is None else self._segment_states(state, segments)
         y_seg, seg_final = self(x_seg, valid.long(), seg_state, return_state)  # (S, W, D_out)
-        slots = segments.index[segments.valid]  # flat positions b·L + t, each once
-        y = y_seg.new_zeros(B * L, y_seg.shape[-1]).index_copy(0, slots, y_seg[segments.valid])
+        y = y_seg.flatten(0, 1).index_select(0, segments.slot)  # (B·L, D_out): each position from its slot
         final = {name: value[segments.last] for name, value in seg_final.items()} if return_state else None
         return y.view(B, L, -1), final
 

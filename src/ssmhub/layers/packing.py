@@ -10,15 +10,22 @@ segments of all rows become the rows of one (S, W) batch, W the longest segment,
 - the first segment of a row that continues the row's incoming state is *left*-aligned (right padding), so
   that state meets no masked position before the real tokens. Its final state is only kept when it is also the
   row's last segment, and then it spans the whole row (no padding at all).
+
+S and W are shapes, so they must be host integers. :class:`PackedRows` carries them from where the input enters
+(a collator computes them on the CPU: transformers' ``DataCollatorWithFlattening`` passes ``max_length_q`` and
+the ``cu_seq_lens`` of its documents) and builds the map once for every layer of a forward: with both known,
+nothing is read back from the device; without them, the first layer that needs the map reads both in one transfer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Segments", "split_documents"]
+__all__ = ["PackedRows", "Segments", "split_documents"]
 
 
 @dataclass
@@ -27,7 +34,8 @@ class Segments:
 
     index: (S, W) long, the flat position ``b·L + t`` each slot reads (clamped where not valid);
     valid: (S, W) bool, slots holding a token; row: (S,) the packed row of each segment;
-    continues: (S,) bool, the segment carries its row's incoming state; last: (B,) each row's last segment.
+    continues: (S,) bool, the segment carries its row's incoming state; last: (B,) each row's last segment;
+    slot: (B·L,) long, the flat slot ``s·W + j`` that holds each position (the inverse of ``index`` on valid slots).
     """
 
     index: torch.Tensor
@@ -35,25 +43,92 @@ class Segments:
     row: torch.Tensor
     continues: torch.Tensor
     last: torch.Tensor
+    slot: torch.Tensor
 
 
-def split_documents(starts: torch.Tensor, continuing: bool) -> Segments:
+@dataclass
+class PackedRows:
+    """A packed batch's document starts with the sizes of its batch of documents, shared by every layer.
+
+    starts: (B, L) bool, True where a document begins. count, width: the number of segments S and the longest W
+    (the rows' own starts and position 0 cut them), as host integers, or None to read them from ``starts`` when
+    first needed; bounds at least as large are exact too (a spare segment or slot is padding).
+    """
+
+    starts: torch.Tensor
+    count: int | None = None
+    width: int | None = None
+    _segments: dict[bool, Segments] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, document_starts: torch.Tensor | PackedRows, shape: tuple[int, ...]) -> PackedRows:
+        """``document_starts`` as packed rows of ``shape`` (B, L): the rows themselves, the rows whose ``starts`` a
+        native mixer passes on to the mixers inside it (:meth:`passed_on`), or new rows of a (B, L) bool tensor.
+        A ValueError names ``document_starts`` if its shape differs."""
+        if isinstance(document_starts, PackedRows):
+            rows = document_starts
+        elif (outer := _PASSED_ON.get()) is not None and outer.starts is document_starts:
+            rows = outer
+        else:
+            rows = cls(document_starts.to(torch.bool))
+        if rows.starts.shape != shape:
+            raise ValueError(f"document_starts must have shape {tuple(shape)}; got {tuple(rows.starts.shape)}")
+        return rows
+
+    @contextmanager
+    def passed_on(self):
+        """While a native mixer runs on ``starts``: the mixers inside it (SeRpEnt's resampling branches) given the
+        same tensor get these rows, with their sizes and map."""
+        token = _PASSED_ON.set(self)
+        try:
+            yield
+        finally:
+            _PASSED_ON.reset(token)
+
+    def segments(self, continuing: bool) -> Segments:
+        """The (S, W) map (:func:`split_documents`), built once per ``continuing`` (rows carry an incoming state)."""
+        if continuing not in self._segments:
+            self._segments[continuing] = split_documents(self.starts, continuing, self.count, self.width)
+        return self._segments[continuing]
+
+
+_PASSED_ON: ContextVar[PackedRows | None] = ContextVar("ssmhub_packed_rows", default=None)
+
+
+def _bounds_and_offsets(starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Segment starts (``starts`` and every row's position 0) and each position's offset in its segment, (B, L)."""
+    bounds = starts.clone()
+    bounds[:, 0] = True
+    position = torch.arange(starts.shape[1], device=starts.device).expand_as(starts)  # (B, L)
+    return bounds, position - torch.where(bounds, position, 0).cummax(dim=1).values
+
+
+def split_documents(
+    starts: torch.Tensor, continuing: bool, count: int | None = None, width: int | None = None
+) -> Segments:
     """Cut each row of ``starts`` (B, L) bool at its True positions (and at 0).
 
     ``continuing``: the rows carry an incoming state, which a row's first segment continues unless the row
-    starts a document at position 0.
+    starts a document at position 0. ``count`` / ``width``: S and W (or bounds at least as large) as host
+    integers; None reads both from the device (one transfer). Nothing else reads a value back.
     """
-    row_length = starts.shape[1]
-    bounds = starts.clone()
-    bounds[:, 0] = True
-    row, begin = bounds.nonzero(as_tuple=True)  # (S,), sorted by row, then position
-    same_row_next = torch.cat([row[1:] == row[:-1], row.new_zeros(1, dtype=torch.bool)])
-    end = torch.where(same_row_next, torch.cat([begin[1:], begin.new_zeros(1)]), torch.full_like(begin, row_length))
-    size = end - begin
-    width = int(size.max())
-    continues = (begin == 0) & ~starts[row, 0] if continuing else torch.zeros_like(same_row_next)
+    B, L = starts.shape
+    bounds, offset = _bounds_and_offsets(starts)  # (B, L), (B, L)
+    if count is None or width is None:
+        count, width = torch.stack([bounds.sum(), offset.max() + 1]).tolist()
+    else:  # the caller's bounds, checked on the device (a CUDA failure surfaces at a later launch: no sync here)
+        torch._assert_async(bounds.sum() <= count, f"packed rows hold more than count={count} segments")
+        torch._assert_async(offset.max() < width, f"a segment of the packed rows is longer than width={width}")
+    width = min(width, L)
+    segment = bounds.flatten().long().cumsum(0) - 1  # (B·L,) each position's segment, in row-major order
+    flat = torch.arange(B * L, device=starts.device)
+    size = torch.zeros(count, dtype=torch.long, device=starts.device).scatter_add_(0, segment, torch.ones_like(flat))
+    begin = torch.zeros_like(size).scatter_(0, segment, flat - offset.flatten())  # (S,) flat position of token 0
+    row, begin = begin // L, begin % L  # a spare segment (size 0) reads row 0 and holds nothing
+    continues = (begin == 0) & ~starts[row, 0] & (size > 0) if continuing else torch.zeros_like(size, dtype=torch.bool)
     shift = torch.where(continues, 0, width - size)  # right-align fresh segments
     position = begin[:, None] + torch.arange(width, device=starts.device)[None] - shift[:, None]  # (S, W)
-    valid = (position >= begin[:, None]) & (position < end[:, None])
-    index = row[:, None] * row_length + position.clamp(0, row_length - 1)
-    return Segments(index, valid, row, continues, (~same_row_next).nonzero(as_tuple=True)[0])
+    valid = (position >= begin[:, None]) & (position < (begin + size)[:, None])
+    index = row[:, None] * L + position.clamp(0, L - 1)
+    slot = segment * width + offset.flatten() + shift[segment]  # (B·L,)
+    return Segments(index, valid, row, continues, segment.view(B, L)[:, -1], slot)

@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..ops.resampling import (
+    ResamplingLattice,
     ResamplingState,
     causal_windows,
     continued_stream,
@@ -40,6 +41,7 @@ from ..ops.resampling import (
     gaussian_distance_features,
     grid_index,
     nearest_windows,
+    resampling_lattice,
     resampling_prefill,
     resampling_times,
 )
@@ -54,6 +56,14 @@ _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, co
 _FAITHFUL_HAS_NO_STATE = (
     "faithful resampling reads later tokens (use resampling_mode='causal' to decode, or call with use_cache=False)"
 )
+
+
+def static_grid(x: torch.Tensor) -> bool:
+    """Whether a parallel pass over x pads every branch's grid to L slots (L̄ ≤ L, a step being at most Δ) instead of
+    reading max L̄ back: on an accelerator (where the read is a host sync per branch and forward) and under
+    ``torch.compile`` (where it is a data-dependent shape). On the CPU the read waits for nothing, and a grid of
+    max L̄ slots skips the θ_Γ and Mamba work of the slots past it (up to 1 − κ of the branch's grid)."""
+    return x.device.type != "cpu" or torch.compiler.is_compiling()
 
 
 class ResamplingParameters(nn.Module):
@@ -77,6 +87,14 @@ class ResamplingParameters(nn.Module):
     def grid_step(self) -> torch.Tensor:
         """Δ, a float32 scalar."""
         return self.log_grid_step.float().exp()
+
+    def lattice(self, grid_step: torch.Tensor) -> ResamplingLattice:
+        """Δ (:meth:`grid_step`) on its exact time lattice (:func:`~ssmhub.ops.resampling.resampling_lattice`),
+        built and checked on the device, so a forward reads nothing back: an exp that overflowed or underflowed
+        fails an asynchronous assert."""
+        finite = (grid_step > 0) & torch.isfinite(grid_step)
+        torch._assert_async(finite, "SeRpEnt's grid step Δ = exp(log_grid_step) must be positive and finite")
+        return resampling_lattice(grid_step, check=False)
 
 
 class ResamplingBranch(TokenMixer):
@@ -173,20 +191,21 @@ class ResamplingBranch(TokenMixer):
         grid points' windows are compressed at once and the branch Mamba continues from its state over them.
         Tokens before the first new grid point hold the state's last output ȳ (as :meth:`_step` does)."""
         step, grid_step = self.steps(x)  # (B, L)
-        stream = continued_stream(ResamplingState(*(state[name] for name in _STREAM_FIELDS)), x, step, grid_step, mask)
-        windows = causal_windows(stream.shifted, grid_step, self.window, stream.mask)  # (B, Lg, K): new grid points
+        lattice = self.ssm.lattice(grid_step)
+        stream = continued_stream(ResamplingState(*(state[name] for name in _STREAM_FIELDS)), x, step, lattice, mask)
+        windows = causal_windows(stream.shifted, lattice, self.window, stream.mask)  # (B, Lg, K): new grid points
         x_grid = self._compress(
             gather_windows(stream.inputs, windows.index, windows.valid), windows.distance, windows.valid
         )  # (B, Lg, H_b), slot j − 1 = new grid point j
         mamba_state = {name: state[name] for name in ("conv_state", "ssm_state")}
         y_grid, mamba_state = self._mamba_continued(x_grid, windows.grid_mask, mamba_state, return_state)
         new_times = stream.shifted[:, self.window :]  # (B, L)
-        y = expand_floor(y_grid, new_times, grid_step)  # (B, L, H_b); 0 before the first new grid point
-        before = grid_index(new_times, grid_step) == 0  # (B, L): no new grid point passed yet
+        y = expand_floor(y_grid, new_times, lattice)  # (B, L, H_b); 0 before the first new grid point
+        before = grid_index(new_times, lattice) == 0  # (B, L): no new grid point passed yet
         y = torch.where(before[..., None], state["held"].to(y.dtype)[:, None], y)
         if not return_state:
             return y, None
-        prefill = resampling_prefill(stream.inputs.float(), stream.times, grid_step, self.window, stream.mask)
+        prefill = resampling_prefill(stream.inputs.float(), stream.times, lattice, self.window, stream.mask)
         held = y[:, -1].float() if x.shape[1] else state["held"]
         return y, {**prefill._asdict(), "held": held, **mamba_state}
 
@@ -212,14 +231,19 @@ class ResamplingBranch(TokenMixer):
         return torch.cat(outputs), merged
 
     def _parallel(self, x, mask, return_state):
+        """x (B, L, H) -> y (B, L, H_b) from the start of the sequence. Where :func:`static_grid`, every shape is
+        fixed by x's and nothing is read back from the device: the grid has L slots and the branch Mamba always
+        takes the mask of its grid points."""
         batch, length, _ = x.shape
+        static = static_grid(x)
         step, grid_step = self.steps(x)  # (B, L)
-        t = resampling_times(step, grid_step, mask)  # (B, L) float64, Eq. 9
+        lattice = self.ssm.lattice(grid_step)
+        t = resampling_times(step, lattice, mask)  # (B, L) float64, Eq. 9
         find_windows = causal_windows if self.mode == "causal" else nearest_windows
-        windows = find_windows(t, grid_step, self.window, mask)  # (B, Lg, K) each, Lg = max L̄
+        windows = find_windows(t, lattice, self.window, mask, num_grid=length if static else None)  # (B, Lg, K) each
         x_grid = self._compress(
             gather_windows(x, windows.index, windows.valid), windows.distance, windows.valid
-        )  # (B, Lg, H_b)
+        )  # (B, Lg, H_b), Lg = L or max L̄
         # Right-align each row's L̄ grid points (batch padding in front), so that the branch Mamba treats
         # them as left padding: its state after the last slot is the state after grid point L̄.
         num_grid = x_grid.shape[1]
@@ -229,18 +253,16 @@ class ResamplingBranch(TokenMixer):
         aligned_mask = slots >= offset  # (B, Lg)
         aligned = x_grid.gather(1, (slots - offset).clamp(min=0)[..., None].expand_as(x_grid))  # (B, Lg, H_b)
         if num_grid:
-            all_valid = bool(aligned_mask.all())
-            y_aligned, mamba_state = self.mamba(
-                aligned, mask=None if all_valid else aligned_mask, return_state=return_state
-            )  # (B, Lg, H_b)
+            grid_mask = aligned_mask if static or not bool(aligned_mask.all()) else None
+            y_aligned, mamba_state = self.mamba(aligned, mask=grid_mask, return_state=return_state)  # (B, Lg, H_b)
         else:  # no row reached its first grid point yet
             y_aligned, mamba_state = aligned, None
         y_grid = y_aligned.gather(1, (slots + offset).clamp(max=max(num_grid - 1, 0))[..., None].expand_as(y_aligned))
         expand = expand_floor if self.mode == "causal" else expand_nearest
-        y = expand(y_grid, t, grid_step)  # (B, L, H_b), Eq. 14b
+        y = expand(y_grid, t, lattice)  # (B, L, H_b), Eq. 14b
         if not return_state:
             return y, None
-        stream = resampling_prefill(x.float(), t, grid_step, self.window, mask)
+        stream = resampling_prefill(x.float(), t, lattice, self.window, mask)
         if mamba_state is None:  # no grid point in any row yet
             mamba_state = self.mamba.init_state(batch, device=x.device)
         held = y[:, -1].float() if length else x.new_zeros(batch, self.branch_size, dtype=torch.float32)
@@ -266,6 +288,10 @@ class SerpentMixer(TokenMixer):
         options: a :class:`SerpentOptions` (or a ``SerpentConfig``, which is one); ``**values`` override single
             fields. With ``resampling_rates=[]`` the mixer is a plain Mamba mixer.
     """
+
+    # packed rows branch by branch: the base Mamba natively (the row's own cost), each resampling branch through
+    # the protocol's batch of documents (its clocks, grids and windows restart with every document run alone)
+    native_packing = True
 
     def __init__(self, hidden_size: int, options: SerpentOptions | None = None, **values):
         super().__init__()
@@ -304,12 +330,6 @@ class SerpentMixer(TokenMixer):
         stacked = self._part(state, "resampled")
         slices = [{name: value[:, i] for name, value in stacked.items()} for i in range(len(self.resampled))]
         return [self._part(state, "base"), *slices]
-
-    def _forward_documents(self, x, mask, state, return_state, starts):
-        """Packed rows, branch by branch: the base Mamba branch in its native packed form (the row's own cost);
-        each resampling branch through the protocol's batch of documents (its clocks, grids and windows
-        restart with every document run alone: no native form yet)."""
-        return self._forward(x, mask, state, return_state, starts)
 
     def _forward(self, x, mask, state, return_state, starts=None):
         """x (B, L, H) -> y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is

@@ -78,24 +78,19 @@ class RecurrentBlock(GradientCheckpointingLayer):
 
     def forward(self, hidden_states, mask=None, state=None, return_state=False, document_starts=None):
         """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``); ``document_starts``
-        (B, L) bool marks where a packed row's documents begin (every state restarts there)."""
-        return self._around_mixer(
-            hidden_states, lambda x: self.mixer(x, mask, state, return_state, document_starts=document_starts)
-        )
-
-    def _around_mixer(self, hidden_states, mix):
-        """The block's norms, residuals and MLP around ``mix`` (the mixer call: x -> (y, its second output))."""
+        (B, L) bool or :class:`~ssmhub.layers.packing.PackedRows` marks where a packed row's documents begin (every
+        state restarts there)."""
+        mixer_input = self.mixer_norm(hidden_states) if self.prenorm else hidden_states
+        mixed, state = self.mixer(mixer_input, mask, state, return_state, document_starts=document_starts)
         if self.prenorm:
-            mixed, extra = mix(self.mixer_norm(hidden_states))
             hidden_states = hidden_states + mixed if self.residual else mixed
             if self.mlp is not None:
                 hidden_states = hidden_states + self.mlp(self.mlp_norm(hidden_states))
         else:
-            mixed, extra = mix(hidden_states)
             hidden_states = self.mixer_norm(hidden_states + mixed)
             if self.mlp is not None:
                 hidden_states = self.mlp_norm(hidden_states + self.mlp(hidden_states))
-        return hidden_states, extra
+        return hidden_states, state
 
 
 def _pytorch_default_init(module: nn.Linear | nn.Embedding) -> None:
@@ -344,9 +339,10 @@ class RecurrentModel(RecurrentPreTrainedModel):
         if use_cache and cache is not None:
             cache.check_room(seq_len)
         mask = attention_mask[:, -seq_len:] if attention_mask is not None else None  # (B, L) of the new tokens
-        starts = document_starts(  # None: one document per row
-            hidden_states.shape[:2], mask, past_length, restarts_with_cache=self.training, **kwargs
-        )
+        starts = document_starts(  # None: one document per row; values read outside training only, as the ids'
+            hidden_states.shape[:2], mask, past_length, restarts_with_cache=self.training,
+            read_values=not self.training, **kwargs,
+        )  # fmt: skip
         if use_cache and cache is None:
             cache = RecurrentCache(len(self.layers))
         layers = partial(

@@ -36,7 +36,9 @@ range, guarding its float rounding; so a token crosses at most one grid point). 
 and on any device, distances ``t̄_j − t_k`` are exact, and ``⌊t/Δ⌋`` is computed in int64 lattice units.
 This holds up to ``MAX_EXACT_TOKENS = 2^24`` tokens per row (``t ≤ 2^24·Δ``). The rounding is at most
 ``2^-29·Δ`` per step, and float32 steps ≥ Δ/32 (with a float32 Δ) are on the lattice already. Each function
-that takes ``grid_step`` reads Δ on the host once (to check it and build the lattice): one sync on a GPU.
+that takes ``grid_step`` reads a tensor Δ on the host once to check it (one sync on a GPU), unless it is given
+Δ's :func:`resampling_lattice` (built on the device, unchecked with ``check=False``): then, and with a static
+``num_grid`` for the window functions, nothing is read back (what the layer's training forward does).
 
 Boundary convention: grid point j belongs to the first token with ``t_l ≥ t̄_j`` (a token landing exactly on
 ``jΔ`` emits it), and ``⌊t_l/Δ⌋`` counts grid points ``jΔ ≤ t_l``. So ``j(l) = ⌊t_l/Δ⌋`` reads only grid points
@@ -154,43 +156,31 @@ class ContinuedStream(NamedTuple):
     shifted: torch.Tensor
 
 
-class _Lattice(NamedTuple):
-    """The time lattice of one grid step: quantum q (float), Δ = units·q, and Δ as a float64 tensor."""
-
-    quantum: float
-    units: int
-    delta: torch.Tensor  # 0-dim float64 on the lattice, with grid_step's gradient passed straight through
-
-
-def _lattice(grid_step: torch.Tensor | float, device: torch.device) -> _Lattice:
-    """Check Δ (a positive finite scalar) and snap it to its lattice ``q = 2^(⌊log₂Δ⌋ − 28)``."""
+def _lattice(grid_step, device: torch.device) -> ResamplingLattice:
+    """Check Δ (a positive finite scalar, or its :func:`resampling_lattice`, which passes through) and snap it to
+    its lattice ``q = 2^(⌊log₂Δ⌋ − 28)`` on ``device``. A tensor Δ is checked on the host (one read); a caller
+    that must not read the device passes the lattice it built with ``check=False``."""
+    if isinstance(grid_step, ResamplingLattice):
+        return grid_step
     if isinstance(grid_step, torch.Tensor):
         if grid_step.numel() != 1:
             raise ValueError(f"grid_step must be a scalar Δ (one element); got shape {tuple(grid_step.shape)}")
-        value = float(grid_step.detach().reshape(()))
-    else:
-        value = float(grid_step)
+        return resampling_lattice(grid_step.reshape(()).to(device))
+    value = float(grid_step)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"grid_step must be a positive finite scalar Δ; got {value}")
-    _, exponent = math.frexp(value)  # value = m·2^exponent, m ∈ [0.5, 1)
-    quantum = math.ldexp(1.0, exponent - 1 - _LATTICE_BITS)
-    units = round(value / quantum)
-    delta = torch.tensor(units * quantum, dtype=torch.float64, device=device)
-    if isinstance(grid_step, torch.Tensor) and grid_step.requires_grad:
-        raw = grid_step.reshape(()).to(device=device, dtype=torch.float64)
-        delta = delta + (raw - raw.detach())  # value exactly units·q, gradient of grid_step
-    return _Lattice(quantum, units, delta)
+    return resampling_lattice(torch.tensor(value, dtype=torch.float64, device=device))
 
 
-def _snap_steps(step: torch.Tensor, lattice: _Lattice) -> torch.Tensor:
+def _snap_steps(step: torch.Tensor, lattice: ResamplingLattice) -> torch.Tensor:
     """Steps rounded to multiples of q and clamped to [0, Δ] (values), float64, gradient passed straight through."""
     raw = step.to(torch.float64)
-    units = torch.round(raw.detach() / lattice.quantum).clamp_(0, lattice.units)
+    units = torch.minimum(torch.round(raw.detach() / lattice.quantum).clamp_(min=0), lattice.units)
     snapped = units * lattice.quantum
     return snapped + (raw - raw.detach()) if raw.requires_grad else snapped
 
 
-def _units(t: torch.Tensor, lattice: _Lattice) -> torch.Tensor:
+def _units(t: torch.Tensor, lattice: ResamplingLattice) -> torch.Tensor:
     """Times in int64 lattice units (exact for times from :func:`resampling_times`; rounded otherwise)."""
     return torch.round(t.detach().to(torch.float64) / lattice.quantum).long()
 
@@ -311,7 +301,8 @@ def causal_windows(
         grid_step: Δ, the same scalar as for t.
         window: K ≥ 1.
         mask: optional (B, L), 1 = real token; the same mask as for t.
-        num_grid: Lg, the padded grid length (≥ max L̄ to keep every grid point); None: ``max L̄`` (one sync).
+        num_grid: Lg, the padded grid length (≥ max L̄ to keep every grid point; L always is, a step being at
+            most Δ, and reads nothing back); None: ``max L̄`` (one host read).
 
     Returns:
         :class:`ResamplingWindows` with (B, Lg, K) index / valid / distance and the (B, Lg) grid_mask.
@@ -583,14 +574,15 @@ class ResamplingLattice(NamedTuple):
     delta: torch.Tensor
 
 
-def resampling_lattice(grid_step: torch.Tensor | float) -> ResamplingLattice:
+def resampling_lattice(grid_step: torch.Tensor | float, *, check: bool = True) -> ResamplingLattice:
     """Δ (a scalar, or a tensor of them: one per branch or row) snapped to its lattice ``q = 2^(⌊log₂Δ⌋ − 28)``
-    elementwise; the numbers of the scalar path for each Δ (a power of two and a division by one are exact).
-    ``delta`` carries Δ's gradient straight through. Raises ValueError unless every Δ is positive and finite."""
+    elementwise, on Δ's device. ``delta`` carries Δ's gradient straight through. ``check``: raise ValueError
+    unless every Δ is positive and finite, reading Δ on the host (skipped under ``torch.compile``); a caller that
+    must not read the device (a training forward) passes False and checks Δ its own way."""
     # a tensor stays on its device (as_tensor would move it to torch's default device, where one is set)
     raw = (grid_step if isinstance(grid_step, torch.Tensor) else torch.as_tensor(grid_step)).to(torch.float64)
     value = raw.detach()
-    if not torch.compiler.is_compiling() and not bool(((value > 0) & torch.isfinite(value)).all()):
+    if check and not torch.compiler.is_compiling() and not bool(((value > 0) & torch.isfinite(value)).all()):
         raise ValueError(f"grid_step must be positive and finite (Δ); got {value.tolist()}")
     # ⌊log₂Δ⌋ from log2, corrected where it rounded across a power of two (powers of two are exact), so that
     # an exported step needs no frexp (ONNX has none)

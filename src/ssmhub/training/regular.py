@@ -19,7 +19,8 @@ The paper's budget is 40,000 steps, hours per run on a CPU. With ``checkpoint`` 
 needs to go on (weights, optimizer, data-generator state, best weights so far) at every evaluation, and a later call
 with the same settings resumes there: the training is that of an uninterrupted run (the same batches and random
 draws; losses to float32 round-off), and the budget ``steps`` may be raised between calls (the earlier budget's last
-step is then one extra evaluation, unless it was a multiple of ``eval_steps``).
+step is then one extra evaluation, unless it was a multiple of ``eval_steps``). The loop and its one-file
+checkpoints are :mod:`ssmhub.training.online`'s, shared with ``ssmhub-synthetic``.
 
 ``matmul_precision`` is ``torch.set_float32_matmul_precision`` for the run: the authors' ``"high"``
 (TF32 on CUDA; plain float32 on CPU) by default. On a CPU with AVX512-BF16, ``"medium"`` lets oneDNN
@@ -34,7 +35,6 @@ around its mixer (the code's: no residual around the last layer, a ReLU MLP head
 from __future__ import annotations
 
 import copy
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,7 +49,8 @@ from ..fileio import write_json_atomic
 from ..metrics.functional import last_token_accuracy  # the metric's one implementation; imported from here too
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from ..preflight import check_model_config_keys, check_output_file, make_model_config, model_config_class
-from .run_state import load_run_state, restore_run_state, save_run_state
+from .online import OnlineRun, new_progress, train_online
+from .run_state import load_run_state
 
 __all__ = [
     "LENGTH_BUCKETS",
@@ -227,19 +228,6 @@ def bucket_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str
     return result
 
 
-@dataclass
-class _Progress:
-    """Where a run stands: what a checkpoint saves besides the model, optimizer and RNG states."""
-
-    step: int = 0
-    best_accuracy: float = -1.0
-    best_step: int = 0
-    best_state: dict[str, torch.Tensor] | None = None
-    loss: float = math.nan
-    elapsed_s: float = 0.0  # wall time of the earlier sessions of a resumed run
-    reached_target: bool = False
-
-
 def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     """Train and evaluate one run (see the module docstring); deterministic given ``config.seed``.
 
@@ -257,44 +245,33 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
     # Checked now so that a bad length or model config value fails before training (ModArith needs odd lengths).
     task.sample(1, train_length, torch.Generator().manual_seed(0))
     build_model_config(config, task)
-    eval_ids, eval_labels = fixed_test_set(task, config.eval_batch_size, test_length, seed=config.test_seed + 1)
+    eval_set = fixed_test_set(task, config.eval_batch_size, test_length, seed=config.test_seed + 1)
     test_ids, test_labels = fixed_test_set(task, config.test_sequences, test_length, seed=config.test_seed)
     resume = config.checkpoint is not None and Path(config.checkpoint).exists()
     saved = load_run_state(config.checkpoint, asdict(config), RESUMABLE_CHANGES) if resume else None
 
-    start = time.perf_counter()
+    started = time.perf_counter()
     torch.manual_seed(config.seed)
     model = build_model(config, task)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     data = torch.Generator().manual_seed(config.seed)
-    progress = _Progress()
+    # the best periodic accuracy, its step and weights, and whether it reached the target (the run is then over)
+    progress = new_progress(best_accuracy=-1.0, best_step=0, best_state=None, reached_target=False)
+    run = OnlineRun(model, optimizer, data, asdict(config), config.checkpoint, progress, started)
     if saved is not None:
-        progress = _Progress(**restore_run_state(saved, model, optimizer, data))
-        log(f"resuming from {config.checkpoint} after step {progress.step}")
-    model.train()
+        run.resume(saved)
+        log(f"resuming from {config.checkpoint} after step {run.progress['step']}")
     with float32_matmul_precision(config.matmul_precision):
-        step = progress.step
-        for step in range(progress.step + 1, config.steps + 1) if not progress.reached_target else ():
-            input_ids, labels = task.sample(config.batch_size, train_length, data)
-            loss = model(input_ids, labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            progress.loss = loss.item()
-            if step % config.eval_steps == 0 or step == config.steps:
-                accuracy = last_token_accuracy(_predictions(model, eval_ids), eval_labels)
-                if accuracy > progress.best_accuracy:
-                    progress.best_accuracy, progress.best_step = accuracy, step
-                    progress.best_state = copy.deepcopy(model.state_dict())
-                progress.step, progress.reached_target = step, accuracy >= config.target_accuracy
-                log(f"step {step}: loss {progress.loss:.4f}, last-token accuracy at {test_length}: {accuracy:.4f}")
-                if config.checkpoint:
-                    progress.elapsed_s += time.perf_counter() - start
-                    start = time.perf_counter()
-                    save_run_state(config.checkpoint, asdict(config), model, optimizer, data, asdict(progress))
-                if progress.reached_target:
-                    break
-        model.load_state_dict(progress.best_state)
+        if not run.progress["reached_target"]:
+            train_online(
+                run,
+                lambda generator: _loss(model, *task.sample(config.batch_size, train_length, generator)),
+                config.steps,
+                evaluate=_evaluator(run, eval_set, config.target_accuracy, log),
+                eval_every=config.eval_steps,
+                checkpoint_every=config.eval_steps,
+            )
+        model.load_state_dict(run.progress["best_state"])
         predictions = _predictions(model, test_ids)
     return RegularResult(
         task=config.task,
@@ -302,16 +279,40 @@ def run_regular(config: RegularRunConfig, log=print) -> RegularResult:
         seed=config.seed,
         train_length=train_length,
         test_length=test_length,
-        steps=step,
-        best_step=progress.best_step,
-        best_eval_accuracy=progress.best_accuracy,
+        steps=run.progress["step"],
+        best_step=run.progress["best_step"],
+        best_eval_accuracy=run.progress["best_accuracy"],
         test_accuracy=last_token_accuracy(predictions, test_labels),
         bucket_accuracy=bucket_accuracy(predictions, test_labels),
-        final_train_loss=progress.loss,
+        final_train_loss=run.progress["loss"],
         num_parameters=sum(p.numel() for p in model.parameters()),
-        wall_s=progress.elapsed_s + time.perf_counter() - start,
+        wall_s=run.wall_s(),
         config={**asdict(config), "learning_rate": lr, "weight_decay": weight_decay},
     )
+
+
+def _loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The training loss of a batch: cross entropy over every supervised position."""
+    return model(input_ids, labels=labels).loss
+
+
+def _evaluator(run: OnlineRun, eval_set: tuple[torch.Tensor, torch.Tensor], target_accuracy: float, log):
+    """The periodic evaluation of :func:`run_regular`: last-token accuracy on ``eval_set`` ``(ids, labels)``; keeps
+    the best weights in ``run.progress``, logs, and returns whether the accuracy reached ``target_accuracy``."""
+    eval_ids, eval_labels = eval_set
+
+    def evaluate(step: int) -> bool:
+        progress = run.progress
+        accuracy = last_token_accuracy(_predictions(run.model, eval_ids), eval_labels)
+        if accuracy > progress["best_accuracy"]:
+            progress |= {"best_accuracy": accuracy, "best_step": step}
+            progress["best_state"] = copy.deepcopy(run.model.state_dict())
+        progress["reached_target"] = accuracy >= target_accuracy
+        length = eval_ids.shape[1]
+        log(f"step {step}: loss {progress['loss']:.4f}, last-token accuracy at {length}: {accuracy:.4f}")
+        return progress["reached_target"]
+
+    return evaluate
 
 
 def _parser() -> CommandLineParser:

@@ -18,10 +18,11 @@ A run ends with a one-line JSON row (task, family, L, layers, width, steps, metr
         --max_steps 11000 --results runs/synthetic.jsonl
 
 The paper's budgets are hours per run on a CPU. With ``--checkpoint FILE`` the run saves its model, optimizer,
-data-generator and RNG states every ``--checkpoint_every`` steps and after its last step
-(:mod:`ssmhub.training.run_state`), and a later call with the same settings resumes there, as the run it would have
-been without the interruption (the same batches and random draws; losses to float32 round-off). ``max_steps`` may
-grow between calls, so a budget can be raised after looking at a result, or spread over several sessions.
+data-generator and RNG states every ``--checkpoint_every`` steps and after its last step (the loop of
+:mod:`ssmhub.training.online`, shared with ``ssmhub-regular``), and a later call with the same settings resumes
+there, as the run it would have been without the interruption (the same batches and random draws; losses to float32
+round-off). ``max_steps`` may grow between calls, so a budget can be raised after looking at a result, or spread over
+several sessions.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from ..fileio import append_jsonl
 from ..metrics.functional import accuracy_counts
 from ..ops.precision import MATMUL_PRECISIONS, float32_matmul_precision
 from ..preflight import check_device, check_output_file
-from .run_state import load_run_state, restore_run_state, save_run_state
+from .online import OnlineRun, train_online
+from .run_state import load_run_state
 from .schedule import lr_lambda
 from .synthetic_models import (
     ATTENTION_FAMILY,
@@ -162,17 +164,18 @@ def _build_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optim
     return torch.optim.AdamW(model.optimizer_param_groups(weight_decay, lr), lr=lr, weight_decay=weight_decay)
 
 
-def _set_learning_rates(optimizer: torch.optim.Optimizer, factor: float) -> None:
-    """Every group's rate at ``factor`` times the rate it was built with (kept in the group, so it is
-    saved with the optimizer and a resumed run continues the same schedule)."""
-    for group in optimizer.param_groups:
-        group["lr"] = group.setdefault("base_lr", group["lr"]) * factor
+def _step_loss(model, task, batch_size: int, device: torch.device):
+    """The loss of a training step on a fresh batch of ``batch_size`` drawn with the generator it is given: the
+    MSE for a regression task, the cross entropy at the labelled positions for a token task."""
 
+    def loss(generator: torch.Generator) -> torch.Tensor:
+        inputs, targets = task.sample(batch_size, generator)
+        inputs, targets = inputs.to(device), targets.to(device)
+        if task.kind == "regression":
+            return torch.nn.functional.mse_loss(model(inputs), targets)
+        return model(inputs, targets)[0]
 
-def _loss(model, task, inputs, targets) -> torch.Tensor:
-    if task.kind == "regression":
-        return torch.nn.functional.mse_loss(model(inputs), targets)
-    return model(inputs, targets)[0]
+    return loss
 
 
 @torch.no_grad()
@@ -217,44 +220,33 @@ def run_synthetic(config: SyntheticRunConfig, log=print) -> dict[str, Any]:
     task, model_config, device = validate_run(config)
     lr = config.lr if config.lr is not None else default_learning_rate(task.kind, config.model_type, config.seq_len)
     saved = _saved_run_state(config)
-    start = time.perf_counter()
+    started = time.perf_counter()
     eval_inputs, eval_targets = fixed_eval_set(task, config.eval_examples, seed=config.eval_seed)
 
     torch.manual_seed(config.seed)
     model = _build_model(task, model_config).to(device)
     optimizer = _build_optimizer(model, lr, config.weight_decay)
     data = torch.Generator().manual_seed(config.seed)
-    # train_s: time spent in training steps; elapsed_s: whole wall time; both over earlier sessions too
-    progress = {"step": 0, "loss": math.nan, "train_s": 0.0, "elapsed_s": 0.0}
+    run = OnlineRun(model, optimizer, data, asdict(config), config.checkpoint, started=started)
     if saved is not None:
-        progress = restore_run_state(saved, model, optimizer, data)
-        log(f"resuming from {config.checkpoint} after step {progress['step']}")
-    resumed_from_step = progress["step"]
+        run.resume(saved)
+        log(f"resuming from {config.checkpoint} after step {run.progress['step']}")
+    resumed_from_step = run.progress["step"]
     with float32_matmul_precision(config.matmul_precision):
-        model.train()
-        train_start = time.perf_counter()
-        for step in range(progress["step"] + 1, config.max_steps + 1):
-            if config.lr_schedule == "cosine":
-                _set_learning_rates(optimizer, lr_lambda(step - 1, 0, config.max_steps, 0.0))
-            progress["loss"] = _train_step(model, optimizer, task, config.batch_size, data, device)
-            if config.log_every and (step % config.log_every == 0 or step == config.max_steps):
-                rate = (progress["train_s"] + time.perf_counter() - train_start) / step
-                log(f"step {step}/{config.max_steps}: loss {progress['loss']:.5f} ({rate:.3f} s/step)")
-            if config.checkpoint and (step % config.checkpoint_every == 0 or step == config.max_steps):
-                now = time.perf_counter()
-                progress |= {
-                    "step": step,
-                    "train_s": progress["train_s"] + now - train_start,
-                    "elapsed_s": progress["elapsed_s"] + now - start,
-                }
-                save_run_state(config.checkpoint, asdict(config), model, optimizer, data, progress)
-                start, train_start = now, time.perf_counter()  # the save counts as wall time, not training time
-        progress["train_s"] += time.perf_counter() - train_start
+        train_online(
+            run,
+            _step_loss(model, task, config.batch_size, device),
+            config.max_steps,
+            lr_factor=_cosine(config.max_steps) if config.lr_schedule == "cosine" else None,
+            log=log,
+            log_every=config.log_every,
+            checkpoint_every=config.checkpoint_every,
+        )
         scores = evaluate(model, task, eval_inputs, eval_targets, config.eval_batch_size, device)
     outcome = {
-        "wall_s": progress["elapsed_s"] + time.perf_counter() - start,
-        "s_per_step": progress["train_s"] / config.max_steps,
-        "final_train_loss": progress["loss"],
+        "wall_s": run.wall_s(),
+        "s_per_step": run.progress["train_s"] / config.max_steps,
+        "final_train_loss": run.progress["loss"],
         "resumed_from_step": resumed_from_step,
         "lr": lr,
     }
@@ -274,14 +266,9 @@ def _saved_run_state(config: SyntheticRunConfig) -> dict[str, Any] | None:
     return saved
 
 
-def _train_step(model, optimizer, task, batch_size: int, data: torch.Generator, device: torch.device) -> float:
-    """One optimizer step on a fresh batch drawn with ``data``; returns its loss."""
-    inputs, targets = task.sample(batch_size, data)
-    loss = _loss(model, task, inputs.to(device), targets.to(device))
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
+def _cosine(max_steps: int):
+    """The ``--lr_schedule cosine`` factor of a 0-based step: from 1 down to 0 at ``max_steps``, no warmup."""
+    return lambda step: lr_lambda(step, 0, max_steps, 0.0)
 
 
 def _results_row(
