@@ -20,9 +20,11 @@ c. ``fft_conv`` backends (torch.fft, Butterfly, Triton) over L (``_gpu_kernels.p
 d. decode ms/token per family at width 256 × 4 layers, eager against a CUDA graph of one step over the static cache,
    and whether their greedy tokens are equal (``_gpu_decode.py``);
 e. training tokens/s per family against GPT-2 (SDPA) of the same width and depth at L 2048 (``_gpu_train.py``);
-f. the test suite on the device (``SSMHUB_TEST_DEVICE``), last, in the time left (``_gpu_tests.py``).
+f. the test suite on the device (``SSMHUB_TEST_DEVICE``), last, in the time left (``_gpu_tests.py``);
+g. an FSDP2 training step per family in one process (nccl, world size 1) with the bf16 policy of
+   ``ssmhub.training.shard_model``: losses finite, the recurrence float32 (``_gpu_fsdp.py``).
 
-The report lists the steps a to f; they run in the order d, e, c, a, b, f: the Triton scans, new on a GPU, after
+The report lists the steps a to g; they run in the order d, e, g, c, a, b, f: the Triton scans, new on a GPU, after
 the other measurements, so that a sticky CUDA error (an illegal address) in them cannot cost those; the tests run in
 their own process. Kernel configurations are fixed (no autotuning here); every time is a median of ``--repeats``
 after a warm-up.
@@ -49,6 +51,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _gpu_common import Context, Report, Section, StepTimeout, free_memory, run_with_alarm  # noqa: E402
 from _gpu_decode import step_decode  # noqa: E402
+from _gpu_fsdp import step_fsdp  # noqa: E402
 from _gpu_kernels import step_fft_backends, step_kernel_errors  # noqa: E402
 from _gpu_scans import step_scan_speed  # noqa: E402
 from _gpu_tests import step_tests  # noqa: E402
@@ -65,8 +68,9 @@ STEPS = [
     ("d. Decode per family: eager vs CUDA graph", step_decode, 60),
     ("e. Training throughput vs GPT-2", step_training, 90),
     ("f. Test suite on the device", step_tests, None),
+    ("g. FSDP2 training step, bf16 policy", step_fsdp, 45),
 ]
-RUN_ORDER = "decabf"  # by the titles' letters (see the module docstring)
+RUN_ORDER = "degcabf"  # by the titles' letters (see the module docstring)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -100,6 +104,7 @@ def plan(smoke: bool) -> dict:
             "train_batch": 2,
             "train_length": 32,
             "train_steps": 1,
+            "fsdp_length": 32,
             "tests": ["tests/test_fileio.py"],  # the step's machinery, not the suite: pytest's start-up dominates
             "cap": 60,
         }
@@ -119,6 +124,7 @@ def plan(smoke: bool) -> dict:
         "train_batch": 4,
         "train_length": 2048,
         "train_steps": 5,
+        "fsdp_length": 512,
         "tests": ["tests/ops", "tests/layers", "tests/conformance"],
         "cap": None,  # each step's own (STEPS)
     }
@@ -176,7 +182,7 @@ def main(argv=None) -> int:
     args.results_dir = args.results_dir or (tempfile.mkdtemp(prefix="gpu-smoke-") if args.smoke else RESULTS_DIR)
     ctx = Context(args, plan(args.smoke), device, START + args.deadline_s)
     report = Report(args.results_dir, preamble(ctx))
-    sections = {title: report.section(title) for title, _, _ in STEPS}  # listed a to f
+    sections = {title: report.section(title) for title, _, _ in STEPS}  # listed a to g
     for section in sections.values():
         section.footer = "(not run yet)"
     order = sorted(STEPS, key=lambda entry: RUN_ORDER.index(entry[0][0]))

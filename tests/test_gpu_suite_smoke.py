@@ -12,6 +12,7 @@ STEPS = (
     "d. Decode per family: eager vs CUDA graph",
     "e. Training throughput vs GPT-2",
     "f. Test suite on the device",
+    "g. FSDP2 training step, bf16 policy",
 )
 
 

@@ -1,6 +1,6 @@
 """The one recurrent-state cache every ssmhub family decodes with.
 
-Per layer it holds a small dict of fixed-shape tensors (a DLR layer: its complex state; later
+Per layer it holds a small dict of fixed-shape tensors (a DLR layer: its state, real and imaginary planes; later
 families: conv windows, shift registers, block states, attention key/values of hybrid layers).
 States are allocated lazily by the first forward that asks for them and updated in place after that.
 For recurrent layers the memory never grows with the context: that is the product's promise, and
@@ -39,11 +39,17 @@ import os
 import torch
 
 from .cache_files import read_cache_file, write_cache_file
+from .ops.dlr import dlr_state_planes
 from .rollback import Rollback
 
 __all__ = ["RecurrentCache"]
 
 LayerState = dict[str, torch.Tensor]
+
+# How a state written by an older ssmhub becomes today's, per field (applied by RecurrentCache.from_state_dict, where
+# every saved state comes back: prompt caches, stateful-training checkpoints). Format 1 held DLR's state as complex64
+# (B, H, N); format 2 (issue 45) holds it as float32 real and imaginary planes (B, H, 2, N).
+_STATE_UPGRADES = {"dlr_state": lambda tensor: dlr_state_planes(tensor) if tensor.is_complex() else tensor}
 
 
 class RecurrentCache:
@@ -262,8 +268,9 @@ class RecurrentCache:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], num_layers: int, device=None) -> RecurrentCache:
-        """A cache holding ``state`` (:meth:`state_dict`'s format), its tensors moved to ``device`` if given.
-        A ValueError names a key that is not ``seen_tokens`` or ``layers.<i>.<field>`` with i < ``num_layers``."""
+        """A cache holding ``state`` (:meth:`state_dict`'s format, or an older one: see ``_STATE_UPGRADES``), its
+        tensors moved to ``device`` if given. A ValueError names a key that is not ``seen_tokens`` or
+        ``layers.<i>.<field>`` with i < ``num_layers``."""
         cache = cls(num_layers)
         for key, tensor in state.items():
             if key == "seen_tokens":
@@ -275,6 +282,7 @@ class RecurrentCache:
                     f"state has key {key!r}; expected 'seen_tokens' or 'layers.<i>.<field>' with i < {num_layers}"
                 )
             layer = cache.layers[int(index)] or {}
+            tensor = _STATE_UPGRADES.get(field, lambda kept: kept)(tensor)
             layer[field] = tensor if device is None else tensor.to(device)
             cache.layers[int(index)] = layer
         return cache

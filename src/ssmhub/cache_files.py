@@ -24,7 +24,7 @@ from .fileio import atomic_path
 __all__ = ["config_hash", "model_identity", "read_cache_file", "weights_fingerprint", "write_cache_file"]
 
 FORMAT = "ssmhub-recurrent-cache"
-VERSION = "1"
+VERSION = "2"  # 2 (issue 45): DLR states are float32 planes; version 1 files convert on load (cache.py)
 # config fields that say how a model is stored or called, not what it computes
 _VOLATILE_CONFIG_FIELDS = {
     "_name_or_path",

@@ -141,7 +141,7 @@ def load_script_tokenizer(args: ModelArguments):
     A tokenizer without its own pad token gets one (and left padding) when the model is new; a saved
     model's tokenizer is used as saved. Raises ValueError saying which flag to give when there is none.
     """
-    from .tokenization import ensure_pad_token, load_tokenizer
+    from .tokenization import ensure_pad_token, resolve_tokenizer
 
     name = args.tokenizer_name or args.model_name_or_path
     if name is None:
@@ -149,12 +149,7 @@ def load_script_tokenizer(args: ModelArguments):
         if not data_dir:
             raise ValueError("--tokenizer_name is needed for a new model when $SSMHUB_DATA_DIR is not set")
         name = str(Path(data_dir) / DEFAULT_TOKENIZER)
-    if Path(name).exists():
-        tokenizer = load_tokenizer(name)
-    else:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(name, cache_dir=args.cache_dir)
+    tokenizer = resolve_tokenizer(name, cache_dir=args.cache_dir)
     if args.model_name_or_path is None:
         ensure_pad_token(tokenizer)
     return tokenizer

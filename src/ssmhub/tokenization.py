@@ -23,6 +23,7 @@ __all__ = [
     "encode_documents",
     "ensure_pad_token",
     "load_tokenizer",
+    "resolve_tokenizer",
     "train_bpe_tokenizer",
 ]
 
@@ -192,6 +193,16 @@ def ensure_pad_token(tokenizer, max_vocab_size: int | None = None) -> bool:
         return False
     tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
     return True
+
+
+def resolve_tokenizer(name: str | os.PathLike, cache_dir: str | None = None):
+    """The tokenizer ``name`` names, resolved the one way every ssmhub tool resolves a tokenizer option (``ssmhub-train
+    --tokenizer`` and ``--model_name_or_path``, ``ssmhub-eval --tokenizer``, the example scripts' ``--tokenizer_name``):
+    a local folder or ``tokenizer.json`` file (:func:`load_tokenizer`), else a Hub id (``AutoTokenizer``, downloads
+    into ``cache_dir``)."""
+    if Path(name).exists():
+        return load_tokenizer(name)
+    return AutoTokenizer.from_pretrained(str(name), cache_dir=cache_dir)
 
 
 def load_tokenizer(path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerFast:

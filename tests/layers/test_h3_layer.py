@@ -6,7 +6,7 @@ from comparisons import scaled_close
 
 from ssmhub.layers.h3 import H3Mixer
 from ssmhub.layers.longconv import LongConvKernel
-from ssmhub.ops.longconv import squash_kernel
+from ssmhub.ops.longconv import DIRECT_TAIL_MAX, squash_kernel
 
 
 def _mixer(**kwargs):
@@ -105,6 +105,24 @@ def test_prefill_then_steps_equals_forward(ssm_num_heads):
     for name in final_full:
         torch.testing.assert_close(state[name], final_full[name], atol=1e-6, rtol=1e-6)
     assert state["shift_state"].shape == (2, 8, 2) and state["kv_state"].dtype == torch.float32
+
+
+def test_windows_longer_than_the_direct_tail_continue_by_fft_as_the_loop():
+    """Windows of more than DIRECT_TAIL_MAX tokens, each continuing from the last one's state (stateful evaluation):
+    the long convolution continues by overlap-save (:func:`ssmhub.ops.fftconv.fft_conv_continue`), and the outputs
+    are the layer's equations looped over the whole sequence; the final state is the one-pass forward's."""
+    mixer = _mixer(ssm_num_heads=2, max_kernel_length=DIRECT_TAIL_MAX + 8)
+    window = DIRECT_TAIL_MAX + 4
+    x = torch.randn(1, 3 * window - 5, 8)  # the last window is shorter
+    _, final_full = mixer(x, return_state=True)
+    state, outs = None, []
+    with torch.no_grad():
+        for begin in range(0, x.shape[1], window):
+            y, state = mixer(x[:, begin : begin + window], state=state, return_state=True)
+            outs.append(y)
+    scaled_close(torch.cat(outs, 1), _naive(mixer, x), what="windows vs loop")
+    for name in final_full:
+        torch.testing.assert_close(state[name], final_full[name], atol=1e-6, rtol=1e-6)  # projections' round-off
 
 
 def test_left_padded_row_equals_unpadded_row():

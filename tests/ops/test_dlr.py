@@ -14,6 +14,8 @@ from ssmhub.ops.dlr import (
     dlr_scan,
     dlr_scan_recurrent,
     dlr_scan_ref,
+    dlr_state_complex,
+    dlr_state_planes,
     dlr_step,
     kronecker_dlr,
     lambda_powers,
@@ -28,7 +30,14 @@ def _params(state_size=16, channels=3, seed=0, dt_min=5e-4, dt_max=0.5):
 
 
 def _modal(log_re, log_im, weight):
-    return -(log_re**2), log_im, torch.complex(weight[..., 0], weight[..., 1])
+    """``(log|Λ|, arg Λ, w)`` as the ops take them: w stays (H, N, 2), real and imaginary parts."""
+    return -(log_re**2), log_im, weight
+
+
+def _state(*shape, generator=None):
+    """A random state in the ops' layout: float32 planes (B, H, 2, N) of Re x and Im x."""
+    batch, channels, modes = shape
+    return torch.randn(batch, channels, 2, modes, generator=generator)
 
 
 @pytest.mark.parametrize("kernel_type", ["real", "prod"])
@@ -109,8 +118,7 @@ def test_scan_matches_recurrence(with_state, readout):
     log_modulus, phase, w = _modal(log_re, log_im, weight)
     gen = torch.Generator().manual_seed(3)
     u = torch.randn(2, 3, 50, generator=gen)
-    state = torch.randn(2, 3, 16, 2, generator=gen) if with_state else None
-    state = torch.view_as_complex(state) if with_state else None
+    state = _state(2, 3, 16, generator=gen) if with_state else None
     u = u.mT.contiguous().mT  # the (B, H, L) view of a (B, L, H) tensor, as a mixer passes it
     y, final = dlr_scan(u, log_modulus, phase, w, readout=readout, initial_state=state, return_final_state=True)
     y_ref, final_ref = dlr_scan_ref(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
@@ -121,7 +129,7 @@ def test_scan_matches_recurrence(with_state, readout):
 def test_chunked_scan_equals_unchunked(monkeypatch):
     log_modulus, phase, w = _modal(*_params(state_size=8))
     u = torch.randn(2, 3, 100)
-    state = torch.randn(2, 3, 8, dtype=torch.complex64)
+    state = _state(2, 3, 8)
     whole = dlr_scan(u, log_modulus, phase, w, initial_state=state, return_final_state=True)
     monkeypatch.setattr(dlr_ops, "_CHUNK_ELEMENTS", 8 * 13)
     chunked = dlr_scan(u, log_modulus, phase, w, initial_state=state, return_final_state=True)
@@ -132,7 +140,7 @@ def test_chunked_scan_equals_unchunked(monkeypatch):
 def test_scan_gradients_match_recurrence():
     params = [t.clone().requires_grad_() for t in _params(state_size=8)]
     u = torch.randn(2, 3, 40, requires_grad=True)
-    state = torch.randn(2, 3, 8, dtype=torch.complex64)
+    state = _state(2, 3, 8)
     weight_out = torch.randn(2, 3, 40)
 
     def loss(fn):
@@ -155,6 +163,33 @@ def test_step_continues_scan():
     for k in range(20, 30):
         y_t, state = dlr_step(u[..., k], state, log_modulus, phase, w)
         torch.testing.assert_close(y_t, y_full[..., k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("readout", ["real", "half_imag"])
+def test_a_step_is_the_complex128_recurrence(readout):
+    """One step on the float32 planes against x_k = Λ x_{k-1} + u_k, y_k = readout(<w, x_k>) in complex128 (Eq. 1),
+    from a state with parts of both signs, so that every term of the complex product counts."""
+    log_modulus, phase, w = _modal(*_params())
+    gen = torch.Generator().manual_seed(5)
+    u_t, state = torch.randn(2, 3, generator=gen), _state(2, 3, 16, generator=gen)
+    y_t, new_state = dlr_step(u_t, state, log_modulus, phase, w, readout)
+    lam = torch.polar(torch.exp(log_modulus.double()), phase.double())  # (N,)
+    expected = lam * dlr_state_complex(state).cdouble() + u_t.double().unsqueeze(-1)  # (B, H, N)
+    z = (expected * torch.complex(w[..., 0], w[..., 1]).cdouble()).sum(-1)  # (B, H)
+    assert new_state.dtype == torch.float32 and new_state.shape == (2, 3, 2, 16)
+    scaled_close(new_state, dlr_state_planes(expected), FP32_REL, "state")
+    scaled_close(y_t, z.real.float() if readout == "real" else 0.5 * z.imag.float(), FP32_REL, "y")
+
+
+def test_state_planes_are_the_complex_state():
+    """The planes layout and the complex state it replaced: Re x at index 0 and Im x at 1 of dim -2, round trip
+    exact (only float32 values are moved)."""
+    gen = torch.Generator().manual_seed(6)
+    complex_state = torch.complex(torch.randn(2, 3, 5, generator=gen), torch.randn(2, 3, 5, generator=gen))
+    planes = dlr_state_planes(complex_state)
+    assert planes.dtype == torch.float32 and planes.shape == (2, 3, 2, 5)
+    assert torch.equal(planes[:, :, 0], complex_state.real) and torch.equal(planes[:, :, 1], complex_state.imag)
+    assert torch.equal(dlr_state_complex(planes), complex_state)
 
 
 def test_prod_kernel_is_kronecker_dlr():
@@ -186,11 +221,11 @@ def test_lambda_powers_never_exceed_unit_modulus():
 @pytest.mark.parametrize("readout", ["real", "half_imag"])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_recurrent_scan_matches_the_complex128_recurrence(with_state, readout):
-    """The token-by-token complex64 path (a few tokens after a state) against the complex128 reference."""
+    """The token-by-token float32 path (a few tokens after a state) against the complex128 reference."""
     log_modulus, phase, w = _modal(*_params())
     gen = torch.Generator().manual_seed(4)
     u = torch.randn(2, 3, 9, generator=gen)
-    state = torch.view_as_complex(torch.randn(2, 3, 16, 2, generator=gen)) if with_state else None
+    state = _state(2, 3, 16, generator=gen) if with_state else None
     y, final = dlr_scan_recurrent(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
     y_ref, final_ref = dlr_scan_ref(u, log_modulus, phase, w, readout, initial_state=state, return_final_state=True)
     # a complex64 scan of 9 steps against complex128: FP32_REL of the largest value (elementwise atol = rtol = 1e-5
@@ -237,7 +272,7 @@ def test_scan_through_underflowing_powers_matches_the_recurrence():
         params[1][0] = 0.0  # one real Λ: Im Λ^k = 0 exactly
     gen = torch.Generator().manual_seed(2)
     u, weight_out = torch.randn(2, 3, length, generator=gen), torch.randn(2, 3, length, generator=gen)
-    state = torch.randn(2, 3, 8, generator=gen, dtype=torch.complex64)
+    state = _state(2, 3, 8, generator=gen)
 
     def loss(fn):
         y, final = fn(u, *_modal(*params), initial_state=state, return_final_state=True)

@@ -1,10 +1,13 @@
 """fft_conv against the dense Toeplitz reference: values, gradients, causality, autocast."""
 
+import math
+
 import pytest
 import torch
 from fftconv_helpers import assert_fp32_conv_under_autocast
 
-from ssmhub.ops.fftconv import fft_conv, fft_conv_ref, fft_conv_tail, fft_size, smooth_fft_size
+from ssmhub.ops.fftconv import fft_conv, fft_conv_continue, fft_conv_ref, fft_conv_tail, fft_size, smooth_fft_size
+from ssmhub.ops.longconv import causal_conv_ref
 
 LENGTHS = [1, 2, 7, 16, 100, 257, 1024]
 
@@ -72,6 +75,38 @@ def test_smooth_fft_size_is_the_smallest_5_smooth_size_that_covers_the_length():
         expected = next(n for n in range(length, 2 * length + 1) if smooth(n))
         assert smooth_fft_size(length) == expected, length
     assert smooth_fft_size(1151) == 1152 and smooth_fft_size(1024) == 1024
+
+
+@pytest.mark.parametrize(
+    ("past", "seq_len", "kernel_len"),
+    # K − 1 above, at, below M; n = M + L (no zero padding: 8 + 8 = 16 is 5-smooth); no history; K > M + L
+    [(15, 16, 16), (8, 8, 5), (40, 7, 12), (0, 5, 9), (3, 40, 50), (63, 64, 64)],
+)
+def test_continuation_in_one_fft_input_matches_the_loop(past, seq_len, kernel_len):
+    """fft_conv_continue (the stream written once into the zero-padded FFT input) against the float64 double loop
+    causal_conv_ref continuing from the history, values and gradients; the stream it hands back is [history ; u]."""
+    gen = torch.Generator().manual_seed(past * 7 + seq_len)
+    history = torch.randn(2, 3, past, generator=gen, dtype=torch.float64).requires_grad_()
+    u = torch.randn(2, 3, seq_len, generator=gen, dtype=torch.float64).requires_grad_()
+    kernel = torch.randn(3, kernel_len, generator=gen, dtype=torch.float64).requires_grad_()
+    weights = torch.randn(2, 3, seq_len, generator=gen, dtype=torch.float64)
+    fast, stream = fft_conv_continue(history.float(), u.float(), kernel.float())
+    assert fast.dtype == torch.float32 and fast.shape == u.shape
+    torch.testing.assert_close(stream, torch.cat([history, u], -1).float(), rtol=0, atol=0)  # a copy of the inputs
+    exact = causal_conv_ref(u, kernel, initial_state=history)
+    # float32 FFT round-off: eps · log2(n) · |kernel|_2 · |stream or weights|_2 (Cauchy-Schwarz on one output's sum)
+    n = smooth_fft_size(seq_len + max(past, kernel_len - 1))
+    norms = max(t.detach().norm(dim=-1).max().item() for t in (torch.cat([history, u], -1), weights))
+    tolerance = 8 * torch.finfo(torch.float32).eps * math.log2(n) * kernel.detach().norm(dim=-1).max().item() * norms
+    torch.testing.assert_close(fast.double(), exact, atol=tolerance, rtol=tolerance)
+    grads = [torch.autograd.grad((y * weights).sum(), [history, u, kernel]) for y in (fast.double(), exact)]
+    for mine, theirs in zip(*grads):
+        torch.testing.assert_close(mine, theirs, atol=tolerance, rtol=tolerance)
+
+
+def test_continuation_needs_a_history_matching_u():
+    with pytest.raises(ValueError, match="history must have shape"):
+        fft_conv_continue(torch.zeros(2, 3, 4), torch.zeros(1, 3, 4), torch.zeros(3, 4))
 
 
 def test_fp32_under_autocast():

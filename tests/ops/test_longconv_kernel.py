@@ -8,6 +8,7 @@ from comparisons import scaled_close
 
 from ssmhub.ops.longconv import (
     CODE_ORDER,
+    DIRECT_TAIL_MAX,
     PAPER_ORDER,
     causal_conv,
     causal_conv_ref,
@@ -166,6 +167,8 @@ CONV_SHAPES = [
     pytest.param((2, 2), 3, 5, 20, 2, id="taps_beyond_window_and_input"),  # K > M + L: they meet nothing
     pytest.param((2,), 3, 4, 6, 7, id="window_longer_than_input"),  # the final window keeps part of the first
     pytest.param((), 2, 7, 3, 2, id="unbatched"),  # u of shape (H, L)
+    # more new inputs than DIRECT_TAIL_MAX: a continuation goes through the FFT (overlap-save, fft_conv_continue)
+    pytest.param((2,), 3, DIRECT_TAIL_MAX + 8, DIRECT_TAIL_MAX + 13, DIRECT_TAIL_MAX + 12, id="fft_continuation"),
 ]
 
 

@@ -358,12 +358,14 @@ def _load_model_and_tokenizer(args):
     Raises ValueError when weights the model needs are missing from the folder (they would be random) or
     the model cannot be loaded (an unknown Hub id: one line, not a traceback).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     import ssmhub  # noqa: F401  (registers ssmhub's families with the Auto classes)
 
+    from ..tokenization import resolve_tokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        tokenizer = resolve_tokenizer(args.tokenizer)
         if is_training_checkpoint(args.model):
             model, info = load_checkpoint_model(args.model, tokenizer), {"missing_keys": []}
         else:

@@ -120,11 +120,11 @@ class DLRMixer(TokenMixer):
 
     # ----------------------------------------------------------------------------- parameters
     def _modal_form(self, direction: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(log|Λ|, arg Λ, w)`` of one direction: (N,), (N,), (H, N) complex, all float32."""
+        """``(log|Λ|, arg Λ, w)`` of one direction: (N,), (N,), (H, N, 2) real and imaginary parts, all float32."""
         lam = min(direction, self.num_lambdas - 1)
         w = self.ssm.weight[direction * self.hidden_size : (direction + 1) * self.hidden_size].float()  # (H, N, 2)
         log_modulus = -(self.ssm.log_lambda_re[lam].float() ** 2)  # log|Λ| = -(logΛ_re)²
-        return log_modulus, self.ssm.log_lambda_im[lam].float(), torch.view_as_complex(w)  # (H, N), no copy
+        return log_modulus, self.ssm.log_lambda_im[lam].float(), w
 
     def _recurrence(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
         """The diagonal recurrence that decodes this layer: ``(log|Λ|, arg Λ, w, readout)``.
@@ -159,8 +159,10 @@ class DLRMixer(TokenMixer):
         return "a bidirectional DLR layer sees future tokens"
 
     def state_layout(self, batch_size: int, dtype=None):
-        """``dlr_state``: x_{k}, complex64 (B, H, N) (N² for DLR-prod), whatever the model dtype."""
-        return {"dlr_state": ((batch_size, self.hidden_size, self.recurrent_state_size), torch.complex64)}
+        """``dlr_state``: x_{k} as float32 real and imaginary planes (B, H, 2, N) (N² for DLR-prod), whatever the
+        model dtype (:mod:`ssmhub.ops.dlr`'s layout; a complex64 (B, H, N) state of an older file is converted by
+        :meth:`ssmhub.cache.RecurrentCache.from_state_dict`)."""
+        return {"dlr_state": ((batch_size, self.hidden_size, 2, self.recurrent_state_size), torch.float32)}
 
     # ----------------------------------------------------------------------------- forward
     def _output(self, u: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

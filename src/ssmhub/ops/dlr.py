@@ -12,6 +12,12 @@ shared by all channels, and per-channel output weights ``w ∈ C^N``.
 for DLR-prod, whose kernel ``Re(K_k)·Im(K_k) = ½·Im(K_k²)`` is the kernel of the N²-state DLR
 ``(Λ⊗Λ, w⊗w)`` (§A.2); :func:`kronecker_dlr` builds those parameters so DLR-prod can be stepped.
 
+Layouts: output weights ``w`` are real and imaginary parts, (H, N, 2) (the layout of the layer's parameter). The
+state ``x`` is two float32 planes, (B, H, 2, N): ``x[:, :, 0]`` is ``Re x`` and ``x[:, :, 1]`` is ``Im x``, each
+contiguous over the N modes, so that a compiled step reads and writes it with vector loads and no complex tensor
+appears in its graph (Inductor and ONNX have no complex kernels). :func:`dlr_state_planes` and
+:func:`dlr_state_complex` convert from and to a complex (B, H, N) state (the format before issue 45).
+
 Phases ``k·θ`` reach about ``2π·L``; in float32 that is off by ~0.25 rad at L = 2^20, so they are
 formed in float64 and reduced modulo 2π before anything is cast to float32. The Vandermonde matrix
 ``P_{nk} = λ_n^k`` is N×L complex (32 GB at N = 4096, L = 2^20), so it is built in chunks of L,
@@ -28,7 +34,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from .diagonal_step import diagonal_step, polar_parts
+from .diagonal_step import diagonal_step_planes, polar_parts
 from .fftconv import fft_conv
 from .precision import TINY, float32_math
 
@@ -40,6 +46,8 @@ __all__ = [
     "dlr_scan",
     "dlr_scan_recurrent",
     "dlr_scan_ref",
+    "dlr_state_complex",
+    "dlr_state_planes",
     "dlr_step",
     "kronecker_dlr",
     "lambda_powers",
@@ -49,6 +57,21 @@ READOUTS = ("real", "half_imag")
 _TWO_PI = 2.0 * math.pi
 _CHUNK_ELEMENTS = 1 << 20  # complex entries of one Vandermonde chunk (8 MB)
 _FINE_POWERS = 64  # Λ^j for j below this are formed once per call; Λ^k = Λ^(k-j)·Λ^j
+
+
+def dlr_state_planes(state: torch.Tensor) -> torch.Tensor:
+    """A complex state (..., N) as the float32 planes (..., 2, N) of :mod:`this module <ssmhub.ops.dlr>`'s layout."""
+    return torch.stack([state.real, state.imag], dim=-2).float()
+
+
+def dlr_state_complex(state: torch.Tensor) -> torch.Tensor:
+    """The planes (..., 2, N) of a state as a complex64 tensor (..., N)."""
+    return torch.complex(state[..., 0, :].float(), state[..., 1, :].float())
+
+
+def _complex_weights(w: torch.Tensor) -> torch.Tensor:
+    """Output weights (H, N, 2) as a complex (H, N) tensor (a view when ``w`` is contiguous float32)."""
+    return torch.view_as_complex(w.float().contiguous())
 
 
 def _readout(z: torch.Tensor, readout: str) -> torch.Tensor:
@@ -275,15 +298,15 @@ def kronecker_dlr(
     Its kernel is ``K_k²`` for the kernel ``K_k = <w, Λ^k>``; with the ``"half_imag"`` readout that
     is ``½·Im(K_k²) = Re(K_k)·Im(K_k)``, the DLR-prod kernel.
 
-    Args: log_modulus, phase: (N,); w: (H, N) complex.  Returns: (N²,), (N², ), (H, N²).
+    Args: log_modulus, phase: (N,); w: (H, N, 2) real and imaginary parts.  Returns: (N²,), (N², ), (H, N², 2).
     """
     n = log_modulus.shape[-1]
     kron_modulus = (log_modulus[:, None] + log_modulus[None, :]).reshape(n * n)  # (N²,)
     kron_phase = (phase[:, None] + phase[None, :]).reshape(n * n)  # (N²,)
-    re, im = torch.view_as_real(w).unbind(-1)  # (H, N) each; real arithmetic, so a traced step exports to ONNX
+    re, im = w.unbind(-1)  # (H, N) each; real arithmetic, so a traced step compiles and exports to ONNX
     kron_re = re[:, :, None] * re[:, None, :] - im[:, :, None] * im[:, None, :]  # (H, N, N)
     kron_im = re[:, :, None] * im[:, None, :] + im[:, :, None] * re[:, None, :]
-    kron_w = torch.view_as_complex(torch.stack([kron_re, kron_im], dim=-1)).reshape(w.shape[0], n * n)  # (H, N²)
+    kron_w = torch.stack([kron_re, kron_im], dim=-1).reshape(w.shape[0], n * n, 2)  # (H, N², 2)
     return kron_modulus, kron_phase, kron_w
 
 
@@ -303,18 +326,20 @@ def dlr_scan(
     Args:
         u: (B, H, L) real input.
         log_modulus, phase: (N,) with ``log Λ = log_modulus + i·phase``.
-        w: (H, N) complex output weights.
+        w: (H, N, 2) output weights, real and imaginary parts.
         kernel: optional precomputed (H, L') kernel (e.g. the cheap DLR-prod formula); computed
             from ``(Λ, w)`` when omitted.
         readout: ``"real"`` or ``"half_imag"``.
-        initial_state: optional (B, H, N) complex state ``x_{-1}`` carried over from earlier tokens.
+        initial_state: optional (B, H, 2, N) state ``x_{-1}`` carried over from earlier tokens (planes, see above).
         return_final_state: also return ``x_{L-1}``.
 
     Returns:
-        ``y`` (B, H, L) float32 and the final state (B, H, N) complex64, or ``None``.
+        ``y`` (B, H, L) float32 and the final state (B, H, 2, N) float32, or ``None``.
     """
     seq_len = u.shape[-1]
     u = u.float()
+    w = _complex_weights(w)  # (H, N) complex
+    carried_in = None if initial_state is None else dlr_state_complex(initial_state)  # (B, H, N) complex
     chunks = _chunks(seq_len, log_modulus.shape[-1])  # Vandermonde blocks of bounded size
     if kernel is None:
         kernel = torch.cat(
@@ -322,10 +347,10 @@ def dlr_scan(
         )  # (H, L)
     y = fft_conv(u, kernel)  # (B, H, L)
     fine = _fine_powers(log_modulus, phase, seq_len + 1) if initial_state is not None or return_final_state else None
-    if initial_state is not None:
+    if carried_in is not None:
         # y_k += readout(Σ_n w_hn Λ_n^{k+1} x_{-1,n}), from unrolling Eq. 1 back to x_{-1}: one real matmul per
         # block, the readout's rows of w ⊙ x_{-1} (B, H, 2N) times [Re P; Im P] (2N, C)
-        rows = _carried_rows(w * initial_state, readout)
+        rows = _carried_rows(w * carried_in, readout)
         carried = [rows @ _vandermonde_planes(log_modulus, phase, start + 1, size, fine) for start, size in chunks]
         y = y + torch.cat(carried, dim=-1)  # (B, H, L)
     final_state = None
@@ -337,9 +362,10 @@ def dlr_scan(
         for start, size in chunks:
             planes = _vandermonde_planes(log_modulus, phase, seq_len - start - size, size, fine).flip(-1)  # Λ^{L-1-j}
             summed = summed + planes @ u[..., start : start + size].mT  # (B, 2N, H)
-        final_state = torch.complex(summed[:, :num_modes], summed[:, num_modes:]).mT  # (B, H, N)
+        final_state = summed.unflatten(1, (2, num_modes)).permute(0, 3, 1, 2).contiguous()  # (B, H, 2, N)
         if initial_state is not None:
-            final_state = final_state + lambda_powers(log_modulus, phase, seq_len, 1)[..., 0] * initial_state
+            decayed = lambda_powers(log_modulus, phase, seq_len, 1)[..., 0] * carried_in  # Λ^L x_{-1}, (B, H, N)
+            final_state = final_state + dlr_state_planes(decayed)
     return y, final_state
 
 
@@ -354,15 +380,16 @@ def dlr_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of Eq. 1: ``x_k = Λ x_{k-1} + u_k``, ``y_k = readout(<w, x_k>)``. O(H·N), independent of k.
 
-    Args: u_t (B, H) real; state (B, H, N) complex.  Returns: y_t (B, H) float32, new state.
-    Real arithmetic on the state's real view (:func:`~ssmhub.ops.diagonal_step.diagonal_step`), so the step
-    compiles and exports to ONNX.
+    Args: u_t (B, H) real; state (B, H, 2, N) float32 planes; w (H, N, 2).  Returns: y_t (B, H) float32, new state
+    (B, H, 2, N). Real arithmetic throughout (:func:`~ssmhub.ops.diagonal_step.diagonal_step_planes`), so the step
+    compiles into fused kernels and exports to ONNX.
     """
-    w_parts = torch.view_as_real(w).unbind(-1)  # Re w, Im w: (H, N)
-    z_re, z_im, new_state = diagonal_step(state, polar_parts(log_modulus, phase), u_t, w_parts)  # (B, H), (B, H, N)
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
-    return (z_re if readout == "real" else 0.5 * z_im), new_state
+    x_re, x_im = state.float().unbind(-2)  # (B, H, N) each
+    lam = polar_parts(log_modulus, phase)
+    z_re, z_im, new_re, new_im = diagonal_step_planes(x_re, x_im, lam, u_t, w.unbind(-1), imag=readout != "real")
+    return (z_re if readout == "real" else 0.5 * z_im), torch.stack([new_re, new_im], dim=-2)  # (B, H), (B, H, 2, N)
 
 
 @float32_math
@@ -381,7 +408,7 @@ def dlr_scan_recurrent(
     batch, channels, seq_len = u.shape
     state = initial_state
     if state is None:
-        state = torch.zeros(batch, channels, w.shape[-1], dtype=torch.complex64, device=u.device)
+        state = torch.zeros(batch, channels, 2, w.shape[-2], device=u.device)  # (B, H, 2, N)
     outputs = []
     for k in range(seq_len):
         y_k, state = dlr_step(u[..., k], state, log_modulus, phase, w, readout)  # (B, H), (B, H, N)
@@ -399,19 +426,20 @@ def dlr_scan_ref(
     initial_state: torch.Tensor | None = None,
     return_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Reference for :func:`dlr_scan`: the recurrence of Eq. 1, one token at a time, in complex128."""
+    """Reference for :func:`dlr_scan`: the recurrence of Eq. 1, one token at a time, in complex128 (same arguments
+    and layouts)."""
     lam = torch.polar(torch.exp(log_modulus.double()), phase.double())  # (N,)
-    w = w.to(torch.complex128)
+    w = torch.complex(w[..., 0].double(), w[..., 1].double())  # (H, N)
     batch, channels, seq_len = u.shape
     state = torch.zeros(batch, channels, lam.shape[-1], dtype=torch.complex128, device=u.device)
     if initial_state is not None:
-        state = state + initial_state.to(torch.complex128)
+        state = state + torch.complex(initial_state[..., 0, :].double(), initial_state[..., 1, :].double())
     outputs = []
     for k in range(seq_len):
         state = lam * state + u[..., k].double().unsqueeze(-1)
         outputs.append(_readout((state * w).sum(-1), readout))
     y = torch.stack(outputs, dim=-1).float()
-    return y, (state.to(torch.complex64) if return_final_state else None)
+    return y, (dlr_state_planes(state) if return_final_state else None)
 
 
 def dlr_init(

@@ -36,6 +36,7 @@ __all__ = [
     "BackendFallbackWarning",
     "conv_circulant",
     "fft_conv",
+    "fft_conv_continue",
     "fft_conv_ref",
     "fft_conv_tail",
     "fft_size",
@@ -165,13 +166,8 @@ def fft_conv(
 
 
 def fft_conv_tail(stream: torch.Tensor, kernel: torch.Tensor, num_outputs: int) -> torch.Tensor:
-    """The last ``num_outputs`` outputs of the causal convolution ``fft_conv(stream, kernel)``, by overlap-save.
-
-    A stream that continues from M earlier inputs (a window of history, then L = ``num_outputs`` new ones)
-    needs only the outputs at the new ones. A circular convolution of ``n >= L + max(M, K − 1)`` points is
-    exact there (the wrap-around lands only on the M discarded positions), against ``n >= M + L + K − 1``
-    for the whole linear convolution: L = K new tokens after an M = K − 1 history cost an FFT of 2K points,
-    not 3K (what stateful evaluation of a long convolution pays per window).
+    """The last ``num_outputs`` outputs of the causal convolution ``fft_conv(stream, kernel)``, by overlap-save
+    (see :func:`fft_conv_continue`, which this splits ``stream`` for).
 
     Args: stream (..., H, M + L); kernel (H, K); num_outputs: L, 1 <= L <= M + L.
     Returns: (..., H, L) float32 (torch.fft).
@@ -181,9 +177,36 @@ def fft_conv_tail(stream: torch.Tensor, kernel: torch.Tensor, num_outputs: int) 
     if not 1 <= num_outputs <= total:
         raise ValueError(f"num_outputs must be in [1, {total}] (the stream's length); got {num_outputs}")
     past = total - num_outputs
-    kernel = kernel[:, :total]
-    n = smooth_fft_size(num_outputs + max(past, kernel.shape[-1] - 1))
-    return _CirculantConv.apply(stream.float(), conv_circulant(kernel, None, n))[..., past:]
+    return fft_conv_continue(stream[..., :past], stream[..., past:], kernel)[0]
+
+
+def fft_conv_continue(
+    history: torch.Tensor, u: torch.Tensor, kernel: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs at ``u`` of the causal convolution of the stream ``[history ; u]`` with ``kernel``, by
+    overlap-save, and that stream.
+
+    A stream that continues from M earlier inputs (a window of history, then L new ones) needs only the outputs
+    at the new ones. A circular convolution of ``n >= L + max(M, K − 1)`` points is exact there (the wrap-around
+    lands only on the M discarded positions), against ``n >= M + L + K − 1`` for the whole linear convolution:
+    L = K new tokens after an M = K − 1 history cost an FFT of 2K points, not 3K (what stateful evaluation of a
+    long convolution pays per window), the size a zero-state forward of the L tokens already pays. The stream is
+    written once, straight into the zero-padded n-point FFT input, so the history costs one read, no extra pass.
+
+    Args: history (..., H, M), M >= 0; u (..., H, L), L >= 1; kernel (H, K).
+    Returns: ``(y, stream)``: y (..., H, L) float32 (torch.fft); stream (..., H, M + L) float32, a view of the FFT
+    input (callers take their next window from it).
+    """
+    check_conv_args(u, kernel, None)
+    if history.shape[:-1] != u.shape[:-1]:
+        raise ValueError(f"history must have shape {(*u.shape[:-1], 'M')}; got {tuple(history.shape)}")
+    past, seq_len = history.shape[-1], u.shape[-1]
+    kernel = kernel[:, : past + seq_len]
+    n = smooth_fft_size(seq_len + max(past, kernel.shape[-1] - 1))  # >= M + L: the padding is n − M − L zeros
+    zeros = u.new_zeros(*u.shape[:-1], n - past - seq_len, dtype=torch.float32)
+    padded = torch.cat([history.float(), u.float(), zeros], dim=-1)  # (..., H, n)
+    y = _CirculantConv.apply(padded, conv_circulant(kernel, None, n))[..., past : past + seq_len]
+    return y, padded[..., : past + seq_len]
 
 
 class _CirculantConv(torch.autograd.Function):

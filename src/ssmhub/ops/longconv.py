@@ -38,7 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .fftconv import fft_conv, fft_conv_tail
+from .fftconv import fft_conv, fft_conv_continue
 from .precision import float32_math
 
 __all__ = [
@@ -302,16 +302,17 @@ def causal_conv(
         if return_final_state and state_length is None:
             raise ValueError("state_length is required with return_final_state when there is no initial_state")
         history = None
-    stream = None if history is None else torch.cat([history, u], dim=-1)  # (..., H, M + L)
-    if history is not None and history.shape[-1] > 0:
-        if backend == "torch" and u.shape[-1] <= DIRECT_TAIL_MAX:
-            y = direct_conv_tail(stream, kernel.float(), u.shape[-1])  # (..., H, L), a few new tokens
-        elif backend == "torch":
-            y = fft_conv_tail(stream, kernel.float(), u.shape[-1])  # (..., H, L), overlap-save
-        else:
-            y = fft_conv(stream, kernel.float(), backend=backend, block_size=block_size)[..., history.shape[-1] :]
+    continued = history is not None and history.shape[-1] > 0
+    if continued and backend == "torch" and u.shape[-1] > DIRECT_TAIL_MAX:
+        y, stream = fft_conv_continue(history, u, kernel.float())  # (..., H, L) by overlap-save; (..., H, M + L)
     else:
-        y = fft_conv(u, kernel.float(), backend=backend, block_size=block_size)  # (..., H, L)
+        stream = None if history is None else torch.cat([history, u], dim=-1)  # (..., H, M + L)
+        if continued and backend == "torch":
+            y = direct_conv_tail(stream, kernel.float(), u.shape[-1])  # (..., H, L), a few new tokens
+        elif continued:
+            y = fft_conv(stream, kernel.float(), backend=backend, block_size=block_size)[..., history.shape[-1] :]
+        else:
+            y = fft_conv(u, kernel.float(), backend=backend, block_size=block_size)  # (..., H, L)
     if skip is not None:
         y = y + skip.float()[:, None] * u
     if not return_final_state:

@@ -5,7 +5,8 @@ states), ``trainer_state.json`` and the ``complete.json`` marker (:mod:`.checkpo
 ``config.json`` or tokenizer: those are the run's. The model's config is rebuilt from the run's
 ``output_dir/train_config.json`` and tokenizer (``output_dir/checkpoints/tokenizer``) exactly as the run
 built it (:func:`~ssmhub.training.trainer.build_model_config`), and the weights are loaded from the
-checkpoint after its checksums are verified. ``ssmhub-eval runs/x/checkpoints/step-N`` uses this.
+checkpoint after its checksums are verified (a sharded run's from its ``shards`` folder, written by
+``torch.distributed.checkpoint``, read here in one process). ``ssmhub-eval runs/x/checkpoints/step-N`` uses this.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = ["checkpoint_tokenizer_dir", "is_training_checkpoint", "load_checkpoin
 
 _RUN_CONFIG = "train_config.json"
 _WEIGHTS = "model.safetensors"
+_SHARDS = "shards"  # trainer.SHARDS_SUBDIR: an fsdp run's model and optimizer shards
 
 
 def is_training_checkpoint(path: str | os.PathLike) -> bool:
@@ -40,7 +42,8 @@ def checkpoint_tokenizer_dir(checkpoint: str | os.PathLike) -> Path:
     """
     checkpoint = Path(checkpoint)
     run = _run_dir(checkpoint)
-    for needed in (checkpoint / _WEIGHTS, run / _RUN_CONFIG, run / "checkpoints" / "tokenizer"):
+    weights = checkpoint / (_SHARDS if (checkpoint / _SHARDS).is_dir() else _WEIGHTS)
+    for needed in (weights, run / _RUN_CONFIG, run / "checkpoints" / "tokenizer"):
         if not needed.exists():
             raise FileNotFoundError(
                 f"training checkpoint {checkpoint} cannot be evaluated: {needed} is missing (a checkpoint is "
@@ -66,8 +69,10 @@ def load_checkpoint_model(checkpoint: str | os.PathLike, tokenizer):
     saved = json.loads((_run_dir(checkpoint) / _RUN_CONFIG).read_text(encoding="utf-8"))
     saved.pop("num_processes", None)
     model = AutoModelForCausalLM.from_config(build_model_config(TrainConfig.from_dict(saved), tokenizer))
-    # Under DDP, Accelerate saves the wrapped model's state: its names start with "module.".
-    state = {name.removeprefix("module."): tensor for name, tensor in load_file(checkpoint / _WEIGHTS).items()}
+    if (checkpoint / _SHARDS).is_dir():
+        state = _sharded_weights(checkpoint / _SHARDS, model)
+    else:  # under DDP, Accelerate saves the wrapped model's state: its names start with "module."
+        state = {name.removeprefix("module."): tensor for name, tensor in load_file(checkpoint / _WEIGHTS).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {name for name in missing if name not in state and _is_tied(model, name)}
     if set(missing) - tied or unexpected:
@@ -77,6 +82,16 @@ def load_checkpoint_model(checkpoint: str | os.PathLike, tokenizer):
         )
     model.tie_weights()
     return model.eval()
+
+
+def _sharded_weights(folder: Path, model) -> dict:
+    """The model weights of an fsdp run's checkpoint shards (``torch.distributed.checkpoint``, any number of
+    processes), whole, in ``model``'s names (FSDP2 keeps them), read without a process group."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    return state["model"]
 
 
 def _is_tied(model, name: str) -> bool:

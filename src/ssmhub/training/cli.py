@@ -6,6 +6,7 @@ Examples::
         --max_steps 2000 --output_dir runs/dlr-wt2
     ssmhub-train --config run.yaml --resume
     accelerate launch --multi_gpu --num_processes 2 -m ssmhub.training.cli --config run.yaml --cpu
+    torchrun --nproc_per_node 2 -m ssmhub.training.cli --config run.yaml --fsdp --mixed_precision bf16  # FSDP2
 
 A bad option, a missing data folder, an output folder that holds another run, a push that could not
 work, a damaged checkpoint or a failed push ends the run with a one-line ``ssmhub-train: error: ...`` on

@@ -67,6 +67,10 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # 0: no clipping
     mixed_precision: str = "no"
     cpu: bool = False  # force the CPU even where an accelerator is present
+    # shard the model with FSDP2 (fully_shard per block, the recurrence parameters in a float32 group of their own;
+    # ssmhub.training.fsdp) across the processes torchrun / accelerate launch started; mixed_precision bf16 becomes
+    # its MixedPrecisionPolicy (bf16 compute, float32 master weights and gradient reduction)
+    fsdp: bool = False
     seed: int = 0
     # logging, evaluation, checkpoints
     logging_steps: int = 10
@@ -145,6 +149,13 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio}")
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
             raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION_CHOICES}; got {self.mixed_precision!r}")
+        if self.fsdp and self.mixed_precision == "fp16":
+            raise ValueError(
+                "fsdp with mixed_precision fp16 is not supported (it needs a sharded gradient scaler); "
+                "use --mixed_precision bf16 or no"
+            )
+        if self.fsdp and self.stateful:
+            raise ValueError("fsdp with stateful is not supported yet: train a stateful run without --fsdp")
         if not isinstance(self.model_config, dict):
             raise ValueError(f"model_config must be a mapping of model config fields; got {self.model_config!r}")
         if self.model_type is None and not self.model_name_or_path:

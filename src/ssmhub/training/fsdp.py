@@ -15,7 +15,9 @@ otherwise keeps in float32 (``_keep_in_fp32_modules_strict = ["ssm"]``, :mod:`ss
    without calling ``ssm``'s forward, so its parameters would stay sharded DTensors ("mixed torch.Tensor and
    DTensor"). A child read but never called (Mamba's ``conv1d`` taps) stays in this float32 group too;
 3. each block (``model.base_model.layers[i]``: norms, MLP) and the root (embeddings, final norm, tied head)
-   get the caller's policy.
+   get the caller's policy; the root's leaves the model's floating inputs as they come
+   (``cast_forward_inputs=False``): a loss normaliser such as ``num_items_in_batch`` must not round to bf16, and
+   the blocks cast their own inputs.
 
 0-d parameters (SeRpEnt's ``log_grid_step``), which ``fully_shard`` refuses, stay whole on every rank
 (:func:`replicate_scalar_parameters`).
@@ -26,21 +28,28 @@ with float32 master weights and optimizer state. Test: tests/training/test_fsdp2
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 __all__ = [
     "BF16_POLICY",
     "RECURRENCE_MODULE",
     "called_modules",
+    "clip_grad_norm_",
     "float32_policy",
     "half_precision_parts",
     "load_sharded_checkpoint",
@@ -48,6 +57,7 @@ __all__ = [
     "replicate_scalar_parameters",
     "save_sharded_checkpoint",
     "shard_model",
+    "unsharded_copy",
     "watch_recurrence_dtypes",
 ]
 
@@ -127,7 +137,7 @@ def shard_model(
                 fully_shard(part, mp_policy=policy, **shard)
             fully_shard(block.mixer, mp_policy=float32_policy(), **shard)
         fully_shard(block, mp_policy=policy, **shard)
-    fully_shard(model, mp_policy=policy, **shard)
+    fully_shard(model, mp_policy=dataclasses.replace(policy, cast_forward_inputs=False), **shard)
     return model
 
 
@@ -187,3 +197,38 @@ def load_sharded_checkpoint(checkpoint_dir: str, model: nn.Module, optimizer: to
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=checkpoint_dir)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (2-norm) over a sharded model's gradients: the DTensor shards' squares
+    summed over the ranks, the whole (replicated, already averaged) 0-d parameters' counted once; every gradient
+    scaled by ``min(1, max_norm / (norm + 1e-6))`` as torch does. Returns the total norm (float32)."""
+    grads = [param.grad for param in parameters if param.grad is not None]
+    shards = [grad.to_local() for grad in grads if isinstance(grad, DTensor)]  # views of each rank's shard
+    whole = [grad for grad in grads if not isinstance(grad, DTensor)]
+    device = (shards or whole)[0].device if grads else torch.device("cpu")
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for shard in shards:
+        squares += shard.float().pow(2).sum()
+    if shards:
+        mesh = next(grad for grad in grads if isinstance(grad, DTensor)).device_mesh
+        dist.all_reduce(squares, group=mesh.get_group())
+    for grad in whole:
+        squares += grad.float().pow(2).sum().to(device)
+    norm = squares.sqrt()
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for grad in (*shards, *whole):
+        grad.mul_(scale.to(grad.device, grad.dtype))
+    return norm
+
+
+def unsharded_copy(model: nn.Module) -> nn.Module | None:
+    """On rank 0, a plain (unsharded, float32 on the CPU) model of ``model``'s class and config holding its full
+    weights, e.g. to ``save_pretrained``; None on the other ranks. Every rank must call it (it all-gathers)."""
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    plain_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+    plain = plain_class(model.config)
+    plain.load_state_dict(weights)
+    return plain

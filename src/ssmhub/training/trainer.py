@@ -26,6 +26,10 @@
   4. with ``resume``, restores the newest checkpoint (:func:`_resume_point`), and starts the metrics
      files and trackers (:func:`_start_records`).
 
+  With ``fsdp`` the model is sharded by :func:`ssmhub.training.fsdp.shard_model` before its optimizer is built
+  (not prepared by Accelerate), its checkpoints hold each process's shards (:data:`SHARDS_SUBDIR`) and the final
+  folder its gathered weights.
+
 - :func:`_run_loop` takes optimizer steps (:func:`_train_step`: gradient accumulation and clipping,
   mixed precision) until ``max_steps``, logs each to ``metrics.jsonl``, ``metrics.csv``, Accelerate
   trackers and a tqdm bar, evaluates every ``eval_steps`` and checkpoints every ``save_steps``
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -47,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
 from ..fileio import write_json_atomic
@@ -82,6 +88,7 @@ __all__ = ["EpochShuffleSampler", "TrainResult", "build_model_config", "lr_lambd
 _LENGTH_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx")
 TOKENIZER_SUBDIR = "tokenizer"
 STAGED_TOKENIZER = ".tmp-tokenizer"  # under output_dir, until the run's start has worked
+SHARDS_SUBDIR = "shards"  # of a checkpoint of an fsdp run: model and optimizer shards (torch.distributed.checkpoint)
 
 
 @dataclass
@@ -121,15 +128,19 @@ def build_model_config(config: TrainConfig, tokenizer=None):
     shares, :func:`ssmhub.preflight.check_model_config_keys`), a value the config rejects, a seq_len the
     model cannot take, or a tokenizer larger than a forced ``vocab_size`` (or than the saved model's).
     """
+    model_config = _model_config_alone(config)
+    if tokenizer is not None:
+        fit_to_tokenizer(model_config, config, tokenizer)
+    return model_config
+
+
+def _model_config_alone(config: TrainConfig):
+    """:func:`build_model_config` before a tokenizer is known: built and checked once per run, before any data is
+    read; :func:`fit_to_tokenizer` completes it."""
     if config.model_name_or_path:
         model_config = _saved_model_config(config)
-        if tokenizer is not None and model_config.vocab_size < len(tokenizer):
-            raise ValueError(
-                f"the tokenizer has {len(tokenizer)} tokens but --model_name_or_path {config.model_name_or_path} "
-                f"has vocab_size={model_config.vocab_size}; pass the tokenizer that model was trained with"
-            )
     else:
-        model_config = _new_model_config(config, tokenizer)
+        model_config = _new_model_config(config)
     for name in _LENGTH_LIMIT_FIELDS:
         limit = getattr(model_config, name, None)
         if isinstance(limit, int) and config.seq_len > limit:
@@ -137,24 +148,39 @@ def build_model_config(config: TrainConfig, tokenizer=None):
     return model_config
 
 
-def _new_model_config(config: TrainConfig, tokenizer=None):
+def fit_to_tokenizer(model_config, config: TrainConfig, tokenizer) -> None:
+    """Give ``model_config`` (of :func:`_model_config_alone`) the tokenizer's vocabulary size and special ids, in
+    place, where ``model_config`` (the option) does not set them; a saved model's config keeps its own. Raises
+    ValueError for a tokenizer larger than a forced ``vocab_size`` or than the saved model's."""
+    if config.model_name_or_path:
+        if model_config.vocab_size < len(tokenizer):
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but --model_name_or_path {config.model_name_or_path} "
+                f"has vocab_size={model_config.vocab_size}; pass the tokenizer that model was trained with"
+            )
+        return
+    given = config.model_config
+    if "vocab_size" in given and given["vocab_size"] < len(tokenizer):
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but model_config forces vocab_size={given['vocab_size']}; "
+            "raise vocab_size or use a smaller tokenizer"
+        )
+    eos = tokenizer.eos_token_id
+    fields = {
+        "vocab_size": len(tokenizer),
+        "eos_token_id": eos,
+        "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
+    }
+    model_config.update({name: value for name, value in fields.items() if name not in given})
+
+
+def _new_model_config(config: TrainConfig):
     from transformers import AutoModelForCausalLM
 
     config_class = model_config_class(config.model_type, AutoModelForCausalLM, "a causal LM")
     check_model_config_keys(config_class, config.model_config)
-    kwargs = dict(config.model_config)
-    if tokenizer is not None:
-        if "vocab_size" in kwargs and kwargs["vocab_size"] < len(tokenizer):
-            raise ValueError(
-                f"the tokenizer has {len(tokenizer)} tokens but model_config forces vocab_size={kwargs['vocab_size']}; "
-                "raise vocab_size or use a smaller tokenizer"
-            )
-        kwargs.setdefault("vocab_size", len(tokenizer))
-        eos = tokenizer.eos_token_id
-        kwargs.setdefault("eos_token_id", eos)
-        kwargs.setdefault("bos_token_id", tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos)
-        kwargs.setdefault("pad_token_id", tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
-    return make_model_config(config_class, kwargs)
+    return make_model_config(config_class, dict(config.model_config))
 
 
 def _saved_model_config(config: TrainConfig):
@@ -184,10 +210,10 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
     eos (so ``DataCollatorForLanguageModeling`` keeps eos labels) and left padding (batched generation).
     A given tokenizer that lacks such a pad token gets one (:func:`~ssmhub.tokenization.ensure_pad_token`)
     before the model is built on ``len(tokenizer)``; a resumed run reuses the tokenizer saved by its start."""
-    from ..tokenization import ensure_pad_token, load_tokenizer, train_bpe_tokenizer
+    from ..tokenization import ensure_pad_token, resolve_tokenizer, train_bpe_tokenizer
 
     if config.tokenizer:
-        tokenizer = load_tokenizer(config.tokenizer)
+        tokenizer = resolve_tokenizer(config.tokenizer)
     elif config.model_name_or_path:
         tokenizer = _saved_model_tokenizer(config.model_name_or_path)
     else:
@@ -206,7 +232,7 @@ def _load_or_train_tokenizer(config: TrainConfig, train_documents: Iterable[str]
 
 def _saved_model_tokenizer(where: str):
     """The tokenizer saved with the model at ``where``: a new BPE would not match the model's embeddings."""
-    from ..tokenization import load_tokenizer
+    from ..tokenization import resolve_tokenizer
 
     files = ("tokenizer.json", "tokenizer_config.json")
     if Path(where).is_dir() and not any((Path(where) / name).is_file() for name in files):
@@ -215,7 +241,7 @@ def _saved_model_tokenizer(where: str):
             "model was trained with"
         )
     try:
-        return load_tokenizer(where)
+        return resolve_tokenizer(where)
     except (OSError, ValueError, TypeError) as err:
         reason = first_line(err) or type(err).__name__
         raise ValueError(
@@ -232,12 +258,14 @@ def evaluate(accelerator, model, windows, batch_size: int) -> float:
     was_training = model.training
     model.eval()
     mine = range(accelerator.process_index, len(windows), accelerator.num_processes)
+    most = len(range(0, len(windows), accelerator.num_processes))  # process 0's share, the largest
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    for start in range(0, len(mine), batch_size):
-        batch = windows[mine[start : start + batch_size]].to(accelerator.device)
+    for start in range(0, most, batch_size):  # as many forwards on every process: a sharded one gathers in each
+        rows = mine[start : start + batch_size]
+        batch = windows[rows or range(1)].to(accelerator.device)  # out of windows: one more, counted 0 times
         with accelerator.autocast():
             loss = model(batch, labels=batch, use_cache=False).loss
-        predicted = batch.numel() - batch.shape[0]  # every token but each window's first
+        predicted = (batch.numel() - batch.shape[0]) if rows else 0  # every token but each window's first
         total += torch.tensor([loss.double().item() * predicted, predicted], dtype=torch.float64, device=total.device)
     total = accelerator.reduce(total, reduction="sum")
     model.train(was_training)
@@ -260,6 +288,7 @@ _RESUME_MUST_MATCH = (
     "stateful",
     "repeat_passage_probability",
     "shuffle_repeated_passages",
+    "fsdp",
 )
 
 
@@ -314,9 +343,25 @@ def train(config: TrainConfig, on_step_end: Callable[[int], None] | None = None)
     :class:`~ssmhub.training.checkpoint.CheckpointError` for a checkpoint that cannot be resumed, and
     :class:`~ssmhub.training.model_card.HubPushError` when the push fails after the local save.
     """
-    setup, progress = _prepare(config)
-    _run_loop(setup, progress, on_step_end)
-    return _finish(setup, progress)
+    with _single_process_group(config):
+        setup, progress = _prepare(config)
+        _run_loop(setup, progress, on_step_end)
+        return _finish(setup, progress)
+
+
+@contextlib.contextmanager
+def _single_process_group(config: TrainConfig) -> Iterator[None]:
+    """With ``fsdp`` in a process that no launcher started: a process group of one for the run (FSDP2 needs one;
+    torchrun's and accelerate's workers have theirs), removed at its end."""
+    alone = config.fsdp and not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    if alone:
+        backend = "nccl" if torch.cuda.is_available() and not config.cpu else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if alone and dist.is_initialized():  # accelerator.end_training() may have removed it
+            dist.destroy_process_group()
 
 
 @dataclass
@@ -372,14 +417,14 @@ def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
     A start that fails leaves ``output_dir`` as it found it (:func:`_nothing_left_on_failure`); a fresh
     run replaces an overwritten run's checkpoints only once everything before the first step has worked.
     """
-    output_dir = _check_before_reading_data(config)
+    output_dir, model_config = _check_before_reading_data(config)
     accelerator = _start_accelerator(config, output_dir)
     if config.resume:  # before any data is read: a resumed run's batch shape, model and data order must match
         _check_resume_matches(config, output_dir, accelerator.num_processes)
     with _nothing_left_on_failure(output_dir, accelerator.is_main_process):
-        parts = _build_training_parts(config, accelerator, output_dir)
+        parts = _build_training_parts(config, accelerator, output_dir, model_config)
         base_lrs = list(parts["scheduler"].base_lrs)  # this run's settings; a resume loads the saved run's
-        progress = _resume_point(config, accelerator, output_dir, parts["batches"])
+        progress = _resume_point(config, accelerator, output_dir, parts)
         if config.resume and config.allow_schedule_change:
             _follow_schedule(parts["scheduler"], base_lrs)
         _install_staged_tokenizer(config, accelerator, output_dir)
@@ -388,7 +433,7 @@ def _prepare(config: TrainConfig) -> tuple[_TrainingSetup, _Progress]:
     return setup, progress
 
 
-def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path) -> dict[str, Any]:
+def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path, model_config) -> dict[str, Any]:
     """The tokenizer, windows, model, optimizer, scheduler, sampler and loader of the run (model, optimizer
     and loader prepared by Accelerate; the scheduler is not, as Accelerate would step it once per process,
     but it is checkpointed)."""
@@ -407,7 +452,8 @@ def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path) ->
             num_proc=config.preprocessing_num_workers or None,
             train_layout=layout,
         )
-    model, optimizer, scheduler = _build_model_and_optimizer(config, tokenizer)
+    fit_to_tokenizer(model_config, config, tokenizer)
+    model, optimizer, scheduler = _build_model_and_optimizer(config, model_config, accelerator)
     if config.stateful:
         model, optimizer = accelerator.prepare(model, optimizer)
         batches = _stateful_batches(config, accelerator, train_data, model)
@@ -429,7 +475,10 @@ def _window_batches(config: TrainConfig, accelerator, train_windows, model, opti
     over (plain or packed) windows in the seeded order of :class:`EpochShuffleSampler`, each process its share."""
     sampler = EpochShuffleSampler(len(train_windows), config.seed)
     loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if config.fsdp:  # sharded already (the optimizer holds the shards): Accelerate would wrap the model in DDP
+        loader = accelerator.prepare(loader)
+    else:
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     if len(loader) == 0:
         raise ValueError(
             f"{len(train_windows)} train windows are too few for a global batch of "
@@ -466,12 +515,12 @@ def _nothing_left_on_failure(output_dir: Path, is_main_process: bool) -> Iterato
         raise
 
 
-def _check_before_reading_data(config: TrainConfig) -> Path:
+def _check_before_reading_data(config: TrainConfig) -> tuple[Path, Any]:
     """Raise for an option that cannot work, before any data is read or anything written; returns the
-    output folder."""
+    output folder and the model config (:func:`_model_config_alone`: the tokenizer's fields come later)."""
     config.validate()
     check_data_dir(config.data_dir)
-    model_config = build_model_config(config)
+    model_config = _model_config_alone(config)
     if config.stateful:
         check_stateful_model(
             model_config,
@@ -496,7 +545,7 @@ def _check_before_reading_data(config: TrainConfig) -> Path:
         _check_output_dir_is_free(output_dir)
     if config.push_to_hub:
         check_hub_access(config.hub_model_id)
-    return output_dir
+    return output_dir, model_config
 
 
 def _check_output_dir_is_free(output_dir: Path) -> None:
@@ -517,7 +566,7 @@ def _start_accelerator(config: TrainConfig, output_dir: Path):
     from accelerate.utils import set_seed
 
     accelerator = Accelerator(
-        mixed_precision=config.mixed_precision,
+        mixed_precision="no" if config.fsdp else config.mixed_precision,  # FSDP2's policy casts, not autocast
         cpu=config.cpu,
         log_with=config.report_to or None,
         project_dir=str(output_dir),
@@ -526,7 +575,7 @@ def _start_accelerator(config: TrainConfig, output_dir: Path):
     missing = [name for name in config.report_to if name != "all" and name not in active]
     if missing:
         raise ValueError(f"report_to: tracker {missing[0]!r} is not installed (installed trackers: {sorted(active)})")
-    if config.mixed_precision != "no" and not accelerator.native_amp:
+    if config.mixed_precision != "no" and not config.fsdp and not accelerator.native_amp:
         accelerator.print(
             f"warning: mixed_precision={config.mixed_precision} has no effect on {accelerator.device} "
             "(Accelerate enables no autocast there); training in fp32"
@@ -544,17 +593,17 @@ def _shared_tokenizer(config: TrainConfig, accelerator, output_dir: Path, train_
     (:func:`_install_staged_tokenizer`), so a refused run leaves no tokenizer and an overwritten run's
     checkpoints are still there.
     """
-    from ..tokenization import load_tokenizer
+    from ..tokenization import resolve_tokenizer
 
     saved = output_dir / "checkpoints" / TOKENIZER_SUBDIR
     if config.resume and saved.is_dir():
-        return load_tokenizer(saved)
+        return resolve_tokenizer(saved)
     staged = output_dir / STAGED_TOKENIZER
     if accelerator.is_main_process:
         shutil.rmtree(staged, ignore_errors=True)
         _load_or_train_tokenizer(config, iter_documents(train_source)).save_pretrained(staged)
     accelerator.wait_for_everyone()
-    return load_tokenizer(staged)
+    return resolve_tokenizer(staged)
 
 
 def _install_staged_tokenizer(config: TrainConfig, accelerator, output_dir: Path) -> None:
@@ -570,13 +619,12 @@ def _install_staged_tokenizer(config: TrainConfig, accelerator, output_dir: Path
     accelerator.wait_for_everyone()
 
 
-def _build_model_and_optimizer(config: TrainConfig, tokenizer):
-    """The model (initialized from ``seed``, or loaded from ``model_name_or_path``), AdamW over its parameter
-    groups and the warmup + cosine schedule."""
+def _build_model_and_optimizer(config: TrainConfig, model_config, accelerator):
+    """The model (initialized from ``seed``, or loaded from ``model_name_or_path``; with ``fsdp``, sharded), AdamW
+    over its parameter groups and the warmup + cosine schedule."""
     from accelerate.utils import set_seed
     from transformers import AutoModelForCausalLM
 
-    model_config = build_model_config(config, tokenizer)
     set_seed(config.seed)
     if config.model_name_or_path:  # float32 weights whatever dtype they were saved in: autocast does the rest
         model = AutoModelForCausalLM.from_pretrained(
@@ -584,6 +632,8 @@ def _build_model_and_optimizer(config: TrainConfig, tokenizer):
         )
     else:
         model = AutoModelForCausalLM.from_config(model_config)
+    if config.fsdp:
+        model = _shard(config, accelerator, model)
     optimizer = torch.optim.AdamW(
         param_groups(model, config.weight_decay, config.learning_rate, config.recurrence_learning_rate),
         lr=config.learning_rate,
@@ -597,13 +647,28 @@ def _build_model_and_optimizer(config: TrainConfig, tokenizer):
     return model, optimizer, scheduler
 
 
-def _resume_point(config: TrainConfig, accelerator, output_dir: Path, batches) -> _Progress:
+def _shard(config: TrainConfig, accelerator, model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` on the run's device, sharded over its processes by :func:`ssmhub.training.fsdp.shard_model` (per
+    block, the recurrence in float32), with a bf16 policy when ``mixed_precision`` is bf16."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .fsdp import BF16_POLICY, shard_model
+
+    mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
+    policy = BF16_POLICY if config.mixed_precision == "bf16" else None
+    return shard_model(model.to(accelerator.device), mesh=mesh, mp_policy=policy)
+
+
+def _resume_point(config: TrainConfig, accelerator, output_dir: Path, parts: dict[str, Any]) -> _Progress:
     """Step 0 of a fresh run; with ``resume``, the newest checkpoint's, after restoring it into ``accelerator``
-    (model, optimizer, scheduler, RNG states) and ``batches`` (the data position; a stateful run's carried
-    states and every row's place in its document)."""
+    (model, optimizer, scheduler, RNG states; a sharded run's shards) and ``parts["batches"]`` (the data position; a
+    stateful run's carried states and every row's place in its document)."""
     if not config.resume:
         return _Progress()
     path, state = load_checkpoint(accelerator, output_dir)
+    batches = parts["batches"]
+    if config.fsdp:
+        _load_shards(path, parts["model"], parts["optimizer"])
     if config.stateful:
         if "streams" not in state:
             raise CheckpointError(f"checkpoint {path} was not written by a stateful run (no document streams in it)")
@@ -612,6 +677,18 @@ def _resume_point(config: TrainConfig, accelerator, output_dir: Path, batches) -
         batches.start(state["epoch"], state["position"])
     accelerator.print(f"resumed from {path} at step {state['step']}")
     return _Progress(step=state["step"], epoch=state["epoch"], position=state["position"])
+
+
+def _load_shards(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """This process's model and optimizer shards from checkpoint ``path`` (:data:`SHARDS_SUBDIR`)."""
+    from .fsdp import load_sharded_checkpoint
+
+    if not (path / SHARDS_SUBDIR).is_dir():
+        raise CheckpointError(f"checkpoint {path} was not written by an fsdp run (no {SHARDS_SUBDIR} folder in it)")
+    try:
+        load_sharded_checkpoint(str(path / SHARDS_SUBDIR), model, optimizer)
+    except Exception as err:  # a file that passed the checksum can still fail to load
+        raise CheckpointError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from err
 
 
 def _follow_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, base_lrs: list[float]) -> None:
@@ -682,7 +759,11 @@ def _train_step(setup: _TrainingSetup) -> _StepOutcome:
             accelerator.backward(loss / config.gradient_accumulation_steps)
         setup.batches.truncate()
         micro_losses.append(loss.detach().float())
-    if config.max_grad_norm > 0:
+    if config.max_grad_norm > 0 and config.fsdp:
+        from .fsdp import clip_grad_norm_
+
+        clip_grad_norm_(model.parameters(), config.max_grad_norm)
+    elif config.max_grad_norm > 0:
         accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
     lr = setup.scheduler.get_last_lr()[0]
     setup.optimizer.step()
@@ -702,8 +783,20 @@ def _evaluate_and_checkpoint(setup: _TrainingSetup, progress: _Progress) -> None
         _log_metrics(setup, progress, "validation", progress.eval_loss)
     if config.save_steps and step % config.save_steps == 0:
         accelerator, batches = setup.accelerator, setup.batches
-        write_states = (lambda folder: batches.save(folder, accelerator.process_index)) if config.stateful else None
-        save_checkpoint(accelerator, setup.output_dir, step, batches.state(), config.save_total_limit, write_states)
+        write = _process_files_writer(setup)
+        save_checkpoint(accelerator, setup.output_dir, step, batches.state(), config.save_total_limit, write)
+
+
+def _process_files_writer(setup: _TrainingSetup) -> Callable[[Path], None] | None:
+    """What each process adds to a checkpoint folder beside ``accelerator.save_state``'s files: a stateful run's
+    carried states of its rows, a sharded run's model and optimizer shards (every process writes its own)."""
+    if setup.config.stateful:
+        return lambda folder: setup.batches.save(folder, setup.accelerator.process_index)
+    if setup.config.fsdp:
+        from .fsdp import save_sharded_checkpoint
+
+        return lambda folder: save_sharded_checkpoint(str(folder / SHARDS_SUBDIR), setup.model, setup.optimizer)
+    return None
 
 
 def _log_metrics(setup: _TrainingSetup, progress: _Progress, split: str, loss: float, lr: float | None = None) -> None:
@@ -728,8 +821,10 @@ def _finish(setup: _TrainingSetup, progress: _Progress) -> TrainResult:
     config, accelerator, output_dir = setup.config, setup.accelerator, setup.output_dir
     tokens_seen = progress.step * setup.tokens_per_step
     accelerator.wait_for_everyone()
+    model = _gathered_model(setup)  # every process takes part when sharded
     if accelerator.is_main_process:
-        _save_model_folder(setup, progress.step, tokens_seen, final_metrics(progress.train_loss, progress.eval_loss))
+        metrics = final_metrics(progress.train_loss, progress.eval_loss)
+        _save_model_folder(setup, model, progress.step, tokens_seen, metrics)
     accelerator.wait_for_everyone()
     accelerator.end_training()
     result = TrainResult(output_dir, progress.step, tokens_seen, progress.train_loss, progress.eval_loss)
@@ -742,10 +837,19 @@ def _finish(setup: _TrainingSetup, progress: _Progress) -> TrainResult:
     return result
 
 
-def _save_model_folder(setup: _TrainingSetup, steps: int, tokens_seen: int, metrics: dict) -> None:
-    """Model, tokenizer, loss plot and model card into ``output_dir``."""
+def _gathered_model(setup: _TrainingSetup) -> torch.nn.Module | None:
+    """The trained model, whole, on the main process (None elsewhere): a sharded one's full weights gathered into a
+    plain copy (:func:`ssmhub.training.fsdp.unsharded_copy`, every process must call it), else the unwrapped one."""
+    if setup.config.fsdp:
+        from .fsdp import unsharded_copy
+
+        return unsharded_copy(setup.model)
+    return setup.accelerator.unwrap_model(setup.model)
+
+
+def _save_model_folder(setup: _TrainingSetup, model, steps: int, tokens_seen: int, metrics: dict) -> None:
+    """``model``, tokenizer, loss plot and model card into ``output_dir``."""
     config, output_dir = setup.config, setup.output_dir
-    model = setup.accelerator.unwrap_model(setup.model)
     model.save_pretrained(output_dir, save_code=config.save_code)
     setup.tokenizer.save_pretrained(output_dir)
     plot_losses(MetricsLogger.read(output_dir), output_dir / "loss.png")
