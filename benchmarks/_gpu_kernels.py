@@ -64,10 +64,18 @@ def flashbutterfly_errors(ctx: Context, length: int) -> tuple[float, float]:
     return errors_vs_float64(fast, ref, [signal.to(ctx.device), taps.to(ctx.device)], 2, weights)
 
 
+def _triton_fft_runs(ctx: Context, length: int) -> tuple[bool, str]:
+    """Whether the fused FlashButterfly kernel is run at ``length``: where it can, and only up to the plan's
+    ``triton_fft_max`` (its compilation for FFT size 4096 outlasted a 40 s step cap on an H100, 2026-11-28)."""
+    if length > ctx.plan["triton_fft_max"]:
+        return False, f"L > {ctx.plan['triton_fft_max']}: compiling the kernel there outlasts the step's cap"
+    return can_run(ctx.device, 2 * length)
+
+
 def flashbutterfly_rows(ctx: Context, table) -> bool:
     good, tolerance = True, TOLERANCE["FlashButterfly"]
     for length in ctx.plan["triton_lengths"]:
-        runs, why = can_run(ctx.device, 2 * length)
+        runs, why = _triton_fft_runs(ctx, length)
         if not runs:
             table.add("FlashButterfly fft_conv", "causal", f"L {length}", "–", "–", f"not run: {why}")
             continue
@@ -140,7 +148,8 @@ def step_kernel_errors(ctx: Context, section: Section) -> None:
     limits = "; ".join(f"{name} {fwd:.0e} / {grad:.0e}" for name, (fwd, grad) in TOLERANCE.items())
     section.text(f"Relative tolerances (forward / gradients): {limits}. Kernels run on float32 inputs.")
     table = section.table(["kernel", "case", "sizes", "forward rel. error", "gradient rel. error", "status"])
-    good = [rows(ctx, table) for rows in (flashbutterfly_rows, selective_rows, block_rows)]
+    # the scans first: compiling the fused FFT kernel is the slow part, and a cap reached there keeps their rows
+    good = [rows(ctx, table) for rows in (selective_rows, block_rows, flashbutterfly_rows)]
     if not all(good):
         raise RuntimeError("a kernel failed or missed its tolerance (rows above)")
 
@@ -155,7 +164,7 @@ def step_fft_backends(ctx: Context, section: Section) -> None:
         kernel = torch.randn(heads, length, device=ctx.device) / length**0.5
         ms = {}
         for backend in ("torch", "butterfly", "triton"):
-            runs, why = can_run(ctx.device, 2 * length) if backend == "triton" else (True, "")
+            runs, why = _triton_fft_runs(ctx, length) if backend == "triton" else (True, "")
             call = lambda b=backend, u=u, k=kernel: fft_conv(u, k, backend=b)  # noqa: E731
             try:
                 ms[backend] = measure(ctx, call)[0] if runs else why

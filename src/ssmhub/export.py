@@ -5,7 +5,10 @@ A recurrent model decodes with a fixed set of state tensors, so its decode step 
     ``decode_step(input_ids (B, 1) int64, *states) -> (logits (B, vocab) float32, *new_states)``
 
 that :func:`export_decode_step` turns into a ``torch.export.ExportedProgram`` and :func:`export_decode_step_onnx`
-into an ONNX file (``torch.onnx.export(..., dynamo=True)``). The signature, fixed at export:
+into an ONNX file (``torch.onnx.export(..., dynamo=True)``). The ONNX graph names no device, so it is traced from a
+copy of the model on the CPU, whatever device the model lives on: a GPU's kernels have no ONNX function (CUDA runs
+``F.rms_norm`` as ``aten._fused_rms_norm``, which the exporter neither translates nor decomposes). The signature,
+fixed at export:
 
 - ``input_ids``: (B, 1) int64, the next token of every row (every token is real: there is no padding mask);
 - the states, in the cache's one format (:meth:`ssmhub.cache.RecurrentCache.state_dict`, the format of prompt
@@ -27,6 +30,7 @@ The numbers are the eager model's decode steps (tests/test_export.py holds them 
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,18 +149,34 @@ def export_decode_step(model, batch_size: int = 1, max_length: int = 2048) -> to
         return torch.export.export(step, step.example_inputs())
 
 
+def _cpu_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` on the CPU; the caller's model keeps its device and mode. Parameters and buffers are
+    copied to the CPU one by one (a CPU one is shared, not copied): a model on a GPU is not duplicated there."""
+    tensors = [*model.parameters(), *model.buffers()]
+    if any(t.is_meta for t in tensors):
+        raise ValueError("model is on the meta device: it holds no weights to export; load them first")
+    memo = {}
+    for t in tensors:
+        held = t.detach().cpu()
+        memo[id(t)] = nn.Parameter(held, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else held
+    return copy.deepcopy(model, memo)
+
+
 def export_decode_step_onnx(
     model, path: str | os.PathLike, batch_size: int = 1, max_length: int = 2048, opset_version: int | None = None
 ) -> Path:
     """Write the decode step to the ONNX file ``path`` (``torch.onnx.export(..., dynamo=True)``), inputs and outputs
-    named as :meth:`DecodeStep.input_names` / :meth:`DecodeStep.output_names`. Written under a temporary name and
-    renamed into place. Returns the path."""
+    named as :meth:`DecodeStep.input_names` / :meth:`DecodeStep.output_names`. Traced on a CPU copy of the model
+    (see the module docstring), in eval mode; ``model`` is left on its device and in its mode. Written under a
+    temporary name and renamed into place. Returns the path. A ValueError names a bad argument, or a model on the
+    meta device (no weights), before anything is traced."""
     path = Path(path)
     if path.suffix != ".onnx":
         raise ValueError(f"path must name an .onnx file; got {str(path)!r}")
-    step = DecodeStep(model, batch_size, max_length).eval()  # the wrapper too: no dropout, no training-mode warning
+    check_static_decode(model, batch_size, max_length)  # before the copy
+    step = DecodeStep(_cpu_copy(model), batch_size, max_length).eval()  # no dropout, no training-mode warning
     kwargs = {} if opset_version is None else {"opset_version": opset_version}
-    with torch.no_grad():
+    with torch.no_grad(), torch.device("cpu"):  # factories that name no device too, whatever the default device
         program = torch.onnx.export(
             step,
             step.example_inputs(),

@@ -82,6 +82,25 @@ def test_the_compiled_decode_step_has_no_graph_break(family):
     assert _compiled_decodes_as_generate(family, "eager") <= 2
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.causal_lm is not None], ids=lambda f: f.name)
+@torch.no_grad()
+def test_decode_steps_get_fixed_input_shapes(family):
+    """Every decode step's inputs have the same shapes: generate's attention mask, which grows by a column per token,
+    reaches the model as the new token's column only (the states hold the rest), so a compiled step with static
+    shapes (or one traced under a mode that defeats Dynamo's automatic dynamic shapes) does not recompile per token."""
+    model = _model(family)
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["attention_mask"].shape)), with_kwargs=True
+    )
+    prompt = random_ids(2, PROMPT)
+    mask = torch.ones_like(prompt)
+    mask[1, :2] = 0  # a left-padded row: generate passes a mask only where one is needed
+    model.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    hook.remove()
+    assert shapes == [(2, PROMPT)] + [(2, 1)] * 3  # integers
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", _params(fast=()))
 @torch.no_grad()

@@ -65,6 +65,26 @@ def test_onnxruntime_decodes_as_generate(family, tmp_path):
     _assert_matches(onnx_step(session), model, prompt, tokens, logits)
 
 
+def test_the_onnx_file_is_traced_from_a_cpu_copy(tmp_path):
+    """An ONNX graph names no device and a GPU's kernels have no ONNX function (CUDA runs F.rms_norm as
+    aten._fused_rms_norm), so the file is traced from a copy of the model on the CPU: the caller's model keeps its
+    device (a GPU's under ``$SSMHUB_TEST_DEVICE=cuda``), its mode and its weights; a model on the meta device has no
+    weights to copy and is refused by name."""
+    family = next(f for f in FAMILIES if f.name == "serpent")  # a SeRpEnt mixer's RMSNorm: the fused kernel on CUDA
+    torch.manual_seed(0)
+    model = family.causal_lm(family.config()).train()
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    export_decode_step_onnx(model, tmp_path / "step.onnx", 1, 4)
+    assert model.training
+    for name, tensor in model.state_dict().items():
+        assert tensor.device == before[name].device and torch.equal(tensor, before[name]), name
+    with torch.device("meta"):
+        unloaded = family.causal_lm(family.config())
+    with pytest.raises(ValueError, match="meta device"):
+        export_decode_step_onnx(unloaded, tmp_path / "unloaded.onnx", 1, 4)
+    assert [p.name for p in tmp_path.iterdir()] == ["step.onnx"]
+
+
 def test_the_signature_is_the_caches_one_format():
     """The states are named and ordered as the cache's state dict (prompt caches and stateful checkpoints hold the
     same): a static cache's, ``seen_tokens`` left out; a complex state crosses as its real view."""

@@ -30,6 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import auto_class, auto_class_name, random_ids, random_labels
+from devices import bf16_autocast
 
 BF16_UNIT_ROUNDOFF = 2.0**-8
 TOLERANCE = 4 * BF16_UNIT_ROUNDOFF  # see the module docstring
@@ -76,7 +77,7 @@ def assert_bf16_matches_float32(model, reference, ids, autocast: bool) -> None:
     within TOLERANCE: its logits, and each recurrent mixer's output given the float32 run's input."""
     what = "bf16 autocast" if autocast else "bf16 model"
     expected_logits, inputs, expected = run_recording_mixers(reference, ids)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with bf16_autocast(enabled=autocast):
         logits, _, _ = run_recording_mixers(model, ids)
         _, _, outputs = run_recording_mixers(model, ids, inputs)
     error = relative_error(logits, expected_logits)
@@ -102,7 +103,7 @@ def test_bf16_autocast_matches_float32(any_model):
     ids = random_ids(2, 300)
     assert_bf16_matches_float32(any_model, any_model, ids, autocast=True)
     labels = random_labels(any_model, ids)
-    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+    with bf16_autocast(), torch.no_grad():
         out = any_model(ids, labels=labels)
     assert out.logits.dtype == torch.bfloat16 and out.loss.dtype == torch.float32
     expected = cross_entropy_float64(any_model, out.logits, labels)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from comparisons import EPS32, MODEL_GRAD_REL, same_values, scaled_close
 from conftest import random_ids, random_labels
+from devices import device_type
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
@@ -33,7 +34,8 @@ def _args(tmp_path, **kwargs):
         "save_strategy": "no",
         "logging_steps": 1,
         "disable_tqdm": True,
-        "use_cpu": True,
+        "use_cpu": device_type() == "cpu",  # train where the model and the rows are
+        "dataloader_pin_memory": False,  # the rows already live on the device: only CPU tensors can be pinned
         "seed": 0,
         "dataloader_num_workers": 0,
     }

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from comparisons import scaled_close
+from devices import bf16_autocast
 
 from ssmhub import BDLRNNConfig
 from ssmhub.layers.bdlrnn import BDLRNNMixer, BDLRNNParameters, normalize_blocks
@@ -204,7 +205,7 @@ def test_normalisation_and_scan_are_float32_under_autocast():
     against the float64 formula and loop applied to the MLPs' own bf16 outputs G and v."""
     mixer = _mixer()
     x = torch.randn(2, 6, 8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         A, v = mixer.transitions(x)
         y, state = mixer(x, return_state=True)
         G, v_raw = mixer.transition(x), mixer.in_proj(x)  # the bf16 MLP outputs the layer starts from

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from devices import bf16_autocast
 
 from ssmhub.layers.dlr import DLRMixer
 from ssmhub.ops.fftconv import fft_conv_ref
@@ -85,7 +86,7 @@ def test_masked_positions_add_nothing_to_the_state():
 def test_bf16_autocast_keeps_recurrence_in_fp32():
     mixer = _mixer(state_size=64, hidden_size=16)
     x = torch.randn(2, 2048, 16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         y, state = mixer(x, return_state=True)
     assert mixer.ssm.weight.dtype == torch.float32
     assert state["dlr_state"].dtype == torch.float32  # real and imaginary planes, never bf16

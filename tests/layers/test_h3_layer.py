@@ -3,6 +3,7 @@
 import pytest
 import torch
 from comparisons import scaled_close
+from devices import bf16_autocast
 
 from ssmhub.layers.h3 import H3Mixer
 from ssmhub.layers.longconv import LongConvKernel
@@ -271,7 +272,7 @@ def test_bf16_autocast_keeps_convolutions_in_float32():
         mixer.in_proj.register_forward_hook(lambda module, args, out: seen.setdefault("qkv", []).append(out)),
         mixer.out_proj.register_forward_pre_hook(lambda module, args: seen.setdefault("o", []).append(args[0])),
     ]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         assert mixer.kernel(12).dtype == torch.float32
         y, state = mixer(x, return_state=True)
         y_t, state = mixer.step(x[:, 0], state)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from comparisons import FP32_REL as FP32_FFT_REL
 from comparisons import scaled_close
+from devices import bf16_autocast
 
 from ssmhub.ops.fftconv import fft_conv_ref
 
@@ -42,7 +43,7 @@ def assert_fp32_conv_under_autocast(conv):
     first_tap = kernel[:, :1].double() * u.double()
 
     u32, kernel32 = u.clone().requires_grad_(), kernel.clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         y = conv(u32, kernel32)
     assert y.dtype == torch.float32
     tail, tail_ref = y.double() - first_tap, reference - first_tap
@@ -59,7 +60,7 @@ def assert_fp32_conv_under_autocast(conv):
         scaled_close(a, b, what=f"gradient of {name} under autocast")
 
     for autocast in (True, False):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with bf16_autocast(enabled=autocast):
             y = conv(u.bfloat16(), kernel)
         assert y.dtype == torch.bfloat16
         error = (y.double() - reference).abs()

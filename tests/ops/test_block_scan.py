@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 import torch
+from devices import bf16_autocast
 from torch.utils.flop_counter import FlopCounterMode
 
 from ssmhub.ops import block_scan, block_scan_ref, block_step
@@ -80,7 +81,7 @@ def test_iterated_step_equals_scan():
 def test_bfloat16_under_autocast_computes_in_float32():
     A, v, x0 = _inputs(2, 100, 2, 4, seed=5, dtype=torch.bfloat16)
     expected = block_scan_ref(A.double(), v.double(), x0.double())  # the exact recurrence of the bf16 values
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         got = block_scan(A, v, x0)
         step = block_step(A[:, 0], v[:, 0], x0)
     assert got.dtype == torch.float32 and step.dtype == torch.float32

@@ -699,7 +699,8 @@ def test_lattice_of_a_tensor_equals_the_scalar_lattice_of_each_value():
         assert lattice.quantum[i].item() == quantum
         assert lattice.units[i].item() == units
         assert lattice.delta[i].item() == units * quantum
-    for bad in (torch.tensor([1.0, 0.0]), torch.tensor([float("nan")]), torch.tensor([-1.0, 1.0])):
+    far = torch.tensor([2.0**-122, 2.0**127], dtype=torch.float64)  # their q or 2^⌊log₂Δ⌋ is no float32 number
+    for bad in (torch.tensor([1.0, 0.0]), torch.tensor([float("nan")]), torch.tensor([-1.0, 1.0]), far[:1], far[1:]):
         with pytest.raises(ValueError, match="grid_step"):
             resampling_lattice(bad)
 

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from comparisons import FP32_REL, scaled_close
+from devices import bf16_autocast
 
 from ssmhub.ops import selective_scan, selective_scan_ref, selective_step
 
@@ -257,7 +258,7 @@ def test_bfloat16_autocast_keeps_float32_math():
     x, delta, A, B, C, D, z, h0 = _inputs(2, 100, 8, 4, seed=12, dtype=torch.float32)
     delta = delta * 0.02  # slow decay: exp(Δ·A) ≈ 0.99, which bf16 would round to 1
     expected, final32 = selective_scan(x, delta, A, B, C, D, z, h0, return_final_state=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         got, final = selective_scan(x, delta, A, B, C, D, z, h0, return_final_state=True)
         ref, _ = selective_scan_ref(x, delta, A, B, C, D, z, h0)
         y_t, state = selective_step(x[:, 0], delta[:, 0], A, B[:, 0], C[:, 0], D, z[:, 0], h0)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from devices import device_type
 from training_helpers import tiny_args
 from transformers import (
     AutoModelForCausalLM,
@@ -63,7 +64,8 @@ def test_lm_collator_and_trainer_keep_the_labels_of_real_eos_tokens(trained_fold
     model.register_forward_pre_hook(lambda _m, _a, kwargs: seen.append(kwargs["labels"].clone()), with_kwargs=True)
     args = TrainingArguments(
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=3, learning_rate=1e-2,
-        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+        report_to=[], save_strategy="no", disable_tqdm=True,
+        use_cpu=device_type() == "cpu", dataloader_pin_memory=False,  # the model's device; batches are built there
     )  # fmt: skip
     Trainer(model=model, args=args, train_dataset=features * 2, data_collator=collator).train()
     assert seen and all(int((labels == tokenizer.eos_token_id).sum()) == len(TEXTS) for labels in seen)

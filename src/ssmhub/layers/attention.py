@@ -104,7 +104,7 @@ class CausalSelfAttention(TokenMixer):
         batch, length, _ = x.shape
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
         # (B, L, d) -> (B, heads, L, d_head)
-        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         new_mask = (
             mask.to(torch.bool) if mask is not None else torch.ones(batch, length, dtype=torch.bool, device=x.device)
         )

@@ -134,12 +134,12 @@ class BDLRNNMixer(TokenMixer):
         ``mask`` (same leading shape as x) is 0, A is the identity and v is 0: the state passes unchanged.
         """
         heads, block = self.num_heads, self.block_size
-        G = self.transition(x).unflatten(-1, (heads, block, block))  # (..., h, b, b) [row i, col j]
+        G = self.transition(x).view(*x.shape[:-1], heads, block, block)  # (..., h, b, b) [row i, col j]
         if mask is not None:  # a masked (zeroed) input can give G = 0, whose normalisation is 0/0: never normalise it
             keep = mask.to(torch.bool)[..., None, None, None]
             G = torch.where(keep, G, torch.eye(block, dtype=G.dtype, device=G.device))
         A = normalize_blocks(G, self.p_norm, self.norm_mode, self.norm_eps)
-        v = self.in_proj(x).unflatten(-1, (heads, block))  # (..., h, b)
+        v = self.in_proj(x).view(*x.shape[:-1], heads, block)  # (..., h, b)
         v = v.to(A.dtype)
         if mask is not None:
             A = torch.where(keep, A, torch.eye(block, dtype=A.dtype, device=A.device))  # (..., h, b, b)

@@ -438,13 +438,22 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         prefilled or loaded prompt cache) feeds only the rest: greedy decoding trims the prompt so before it gets
         here, but assisted and prompt-lookup decoding (transformers 5.24) pass all of it, and the cache would
         absorb the prompt twice. ``inputs_embeds`` is named so that ``generate(inputs_embeds=...)`` is accepted
-        (transformers reads this signature): the prompt's embeddings feed the first forward, ids the rest."""
+        (transformers reads this signature): the prompt's embeddings feed the first forward, ids the rest.
+
+        A forward on a cache gets the mask of its new tokens only: the states hold the earlier tokens (attention
+        layers keep their own key mask), and a mask growing by one column per token would give each compiled
+        decode step a new input shape (a recompilation per token where shapes are static)."""
         cache = kwargs.get(CACHE_FIELD)
+        seen = cache.get_seq_length() if isinstance(cache, RecurrentCache) else 0
         if kwargs.get("is_first_iteration") and kwargs.get("next_sequence_length") is None:
-            seen = cache.get_seq_length() if isinstance(cache, RecurrentCache) else 0
             if 0 < seen < input_ids.shape[1]:
                 kwargs["next_sequence_length"] = input_ids.shape[1] - seen
-        return super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
+        mask, fed = inputs.get("attention_mask"), inputs.get("input_ids")
+        fed = fed if fed is not None else inputs.get("inputs_embeds")
+        if seen and isinstance(mask, torch.Tensor) and mask.dim() == 2 and fed is not None:
+            inputs["attention_mask"] = mask[:, -fed.shape[1] :]  # (B, L) of the fed tokens
+        return inputs
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
         """transformers' hook, plus the cache assisted decoding needs: a verifier must have one before its first
@@ -578,8 +587,10 @@ class RecurrentForSequenceClassification(RecurrentPreTrainedModel):
         logits = self.score(pooled)  # (B, num_labels), the model's dtype
         loss = None
         if labels is not None:
-            # **kwargs carries Trainer's num_items_in_batch: the loss is then a sum over it (exact accumulation)
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config, **kwargs)
+            # **kwargs carries Trainer's num_items_in_batch: the loss is then a sum over it (exact accumulation);
+            # float32 logits, as transformers' LM and token losses upcast theirs (CUDA autocast would take the
+            # log-softmax of bf16 logits in bf16)
+            loss = self.loss_function(labels=labels, pooled_logits=logits.float(), config=self.config, **kwargs)
         if not return_dict:
             output = tuple(v for v in (logits, outputs.hidden_states) if v is not None)
             return (loss, *output) if loss is not None else output

@@ -212,10 +212,11 @@ def butterfly_plan(
 
     With ``chunk_size = l`` (complex elements) and ``size > l`` the stages are ordered for the
     three-pass algorithm: the factors of m = size / l first (pass 1 / pass 3), then those of l (pass 2).
+    Its tables live on ``device`` (default: torch's default device, as for a tensor factory).
     """
     _check_size(size, "size")
     check_block_size(block_size)
-    device = torch.device("cpu" if device is None else device)
+    device = torch.get_default_device() if device is None else torch.device(device)
     if chunk_size is not None:
         _check_size(chunk_size, "chunk_size")
     if chunk_size is None or size <= chunk_size:

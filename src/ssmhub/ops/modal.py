@@ -32,9 +32,12 @@ Method ``"hankel"``, the reference (Kung's / ERA / ESPRIT state-space identifica
    (unit-energy columns) and solved by a truncated eigendecomposition: directions with eigenvalue below
    ``1e-7`` of the largest are combinations of nearly coincident modes, which ESPRIT returns for sparse
    (Squash-regularized) kernels; fitting along them takes residues orders of magnitude larger than the
-   kernel, whose cancellation float32 decoding cannot resolve. Poles with ``|λ| < 1e-2`` are discarded
-   for the same reason (their residues ~1/|λ| cancel against the direct term). If there are more than N
-   candidates, the N with the most energy ``‖Re(c_n λ_n^t)‖²`` are kept.
+   kernel, whose cancellation float32 decoding cannot resolve. A column's scale counts its tap 0 as well
+   (``Re c_n``, which the direct term cancels): a small pole fitting an isolated tap at lag τ would otherwise
+   take a residue ~K[τ]/|λ|^τ with a bounded contribution from tap 1 on (ESPRIT poles at |λ| ≈ 0.015 took
+   residues 5·10⁴ times ‖K‖, and the float32 decode lost 0.6% of the output). Poles with ``|λ| < 1e-2``
+   are discarded for the same reason. If there are more than N candidates, the N with the most energy
+   ``‖Re(c_n λ_n^t)‖²`` are kept.
 4. ``|λ| ≤ 1 - 1e-4`` is enforced by clamping the modulus (an ESPRIT pole can land on or outside the
    unit circle for kernels that do not decay); poles are rounded to the float32 storage, and the
    residues refitted in float64 for those rounded poles, so the stored fit is the one reported.
@@ -114,6 +117,7 @@ _SVD_ELEMENTS = 1 << 17  # Hankel matrices up to this size (per channel) get an 
 _DENSE_ELEMENTS = 1 << 24  # doubles of the square Hankel matrices of one channel block (128 MiB)
 _REFINE_LR = 3e-3  # Adam step of the refined fit (poles: log-modulus and phase; residues relative to ‖K‖)
 _RCOND = 1e-7  # relative eigenvalue cut-off of the (Jacobi-scaled) residue normal equations
+_REAL_SIN = 1e-6  # a pole with |sin arg λ| at most this is real (no Im column in the residue fit)
 
 
 @dataclass(frozen=True)
@@ -252,24 +256,27 @@ def _fit_residues(
     gram = torch.cat(
         [torch.cat([g_rr, -g_ri], dim=-1), torch.cat([-g_ri.mT, g_ii], dim=-1)], dim=-2
     )  # (H, 2N, 2N) for columns (Re a, -Im a)
-    is_complex = phase.double().sin().abs() > 1e-6  # a real pole (phase 0 or π) has no Im column
+    is_complex = phase.double().sin().abs() > _REAL_SIN  # a real pole (phase 0 or π) has no Im column
     mask = torch.cat([valid, valid & is_complex], dim=-1).double()  # (H, 2N)
     gram = gram * mask.unsqueeze(-1) * mask.unsqueeze(-2)
     rhs = _z_transform(kernel[:, start:], log_modulus, phase, start)  # (H, N): Σ_t K[t] λ^t
     b = torch.cat([rhs.real, -rhs.imag], dim=-1) * mask  # (H, 2N)
-    # Jacobi scaling (unit-energy columns), then a truncated eigen-solve: directions of the scaled Gram matrix
+    # Jacobi scaling (columns of unit size), then a truncated eigen-solve: directions of the scaled Gram matrix
     # with eigenvalue below _RCOND·max are combinations of modes that nearly cancel (clustered poles, which
     # ESPRIT returns for sparse, squashed kernels); fitting along them needs residues far larger than the
     # kernel, whose cancellation float32 decoding cannot resolve. Dropping them bounds every mode's contribution.
-    diag = torch.diagonal(gram, dim1=-2, dim2=-1)  # (H, 2N)
-    col_scale = torch.where(diag > 0, diag.clamp(min=1e-300).rsqrt(), 0.0)  # (H, 2N); masked columns: 0
-    scaled = gram * col_scale.unsqueeze(-1) * col_scale.unsqueeze(-2)  # (H, 2N, 2N), unit diagonal
+    # A column's size is its energy over the fitted taps plus, with a direct term, its tap 0 (Re λ⁰ = 1 for a Re
+    # column): Re c_n also enters d = K[0] − Σ Re c_n, where the decode cancels it
+    n = log_modulus.shape[-1]
+    tap0 = torch.cat([torch.ones_like(b[..., :n]), torch.zeros_like(b[..., n:])], dim=-1) if start > 0 else 0.0
+    size = (torch.diagonal(gram, dim1=-2, dim2=-1) + tap0) * mask  # (H, 2N)
+    col_scale = torch.where(size > 0, size.clamp(min=1e-300).rsqrt(), 0.0)  # (H, 2N); masked columns: 0
+    scaled = gram * col_scale.unsqueeze(-1) * col_scale.unsqueeze(-2)  # (H, 2N, 2N), diagonal ≤ 1
     evals, evecs = torch.linalg.eigh(scaled)  # ascending
     keep = evals > _RCOND * evals[..., -1:].clamp(min=1e-300)
     inv = torch.where(keep, 1.0 / evals.clamp(min=1e-300), 0.0)  # (H, 2N)
     projected = (evecs.mT @ (b * col_scale).unsqueeze(-1)).squeeze(-1)  # (H, 2N)
     z = (evecs @ (inv * projected).unsqueeze(-1)).squeeze(-1) * col_scale * mask  # (H, 2N)
-    n = log_modulus.shape[-1]
     return torch.complex(z[..., :n], z[..., n:])
 
 
@@ -457,6 +464,10 @@ def _refine_poles(k64: torch.Tensor, fit: ModalKernel, start: int, steps: int, c
 
 def _select_modes(poles: torch.Tensor, tail_kernel: torch.Tensor, num_modes: int, start: int):
     """From ESPRIT poles (H, r), keep one of each conjugate pair and the real ones, then the N strongest."""
+    # torch.linalg.eigvals does not promise Im λ = 0 exactly for a real eigenvalue (LAPACK's geev gives it, other
+    # backends need not), and Im λ = −1e-17 would drop it as the lower half of a pair: what the residue fit treats
+    # as real is made real
+    poles = torch.where(poles.imag.abs() <= _REAL_SIN * poles.abs(), poles.real.to(poles.dtype), poles)
     modulus = poles.abs().clamp(min=1e-30, max=MAX_MODULUS)
     log_modulus = modulus.log()
     phase = poles.angle()

@@ -82,6 +82,7 @@ __all__ = [
 
 _LATTICE_BITS = 28  # Δ = b·q with b ∈ [2^28, 2^29]
 MAX_EXACT_TOKENS = 2**24  # t/q ≤ L·2^29 < 2^53 keeps every partial sum exact
+_MIN_DELTA, _MAX_DELTA = 2.0**-121, 2.0**127  # Δ whose 2^⌊log₂Δ⌋ and q are float32 numbers (see _power_of_two)
 # ε(d)_i = exp(−(d − μ_i)²) is computed from (d − μ_i)² clamped at 60, so it never falls below e^−60 ≈ 9e−27 (19
 # orders of magnitude under float32's resolution of ε ≤ 1, and its gradient there is 0): the true value changes
 # nothing, but below ~1e-38 it and its products with weights and gradients are subnormal floats, which CPUs
@@ -577,24 +578,33 @@ class ResamplingLattice(NamedTuple):
 def resampling_lattice(grid_step: torch.Tensor | float, *, check: bool = True) -> ResamplingLattice:
     """Δ (a scalar, or a tensor of them: one per branch or row) snapped to its lattice ``q = 2^(⌊log₂Δ⌋ − 28)``
     elementwise, on Δ's device. ``delta`` carries Δ's gradient straight through. ``check``: raise ValueError
-    unless every Δ is positive and finite, reading Δ on the host (skipped under ``torch.compile``); a caller that
-    must not read the device (a training forward) passes False and checks Δ its own way."""
+    unless every Δ is positive and finite (in [2^-121, 2^127), where the lattice is exact), reading Δ on the host
+    (skipped under ``torch.compile``); a caller that must not read the device (a training forward) passes False and
+    checks Δ its own way."""
     # a tensor stays on its device (as_tensor would move it to torch's default device, where one is set)
     raw = (grid_step if isinstance(grid_step, torch.Tensor) else torch.as_tensor(grid_step)).to(torch.float64)
     value = raw.detach()
-    if check and not torch.compiler.is_compiling() and not bool(((value > 0) & torch.isfinite(value)).all()):
-        raise ValueError(f"grid_step must be positive and finite (Δ); got {value.tolist()}")
-    # ⌊log₂Δ⌋ from log2, corrected where it rounded across a power of two (powers of two are exact), so that
+    if check and not torch.compiler.is_compiling() and not bool(((value >= _MIN_DELTA) & (value < _MAX_DELTA)).all()):
+        raise ValueError(f"grid_step must be positive and finite (Δ in [2^-121, 2^127)); got {value.tolist()}")
+    # ⌊log₂Δ⌋ from log2, corrected where it rounded across a power of two (the powers are exact), so that
     # an exported step needs no frexp (ONNX has none)
     exponent = torch.floor(torch.log2(value))
-    power = torch.pow(2.0, exponent)
+    power = _power_of_two(exponent)
     exponent = exponent - (power > value).to(value.dtype) + (2 * power <= value).to(value.dtype)
-    quantum = torch.pow(2.0, exponent - _LATTICE_BITS)
+    quantum = _power_of_two(exponent - _LATTICE_BITS)
     units = torch.round(value / quantum).long()
     delta = units * quantum
     if raw.requires_grad:
         delta = delta + (raw - value)  # value exactly units·q, gradient of grid_step
     return ResamplingLattice(quantum, units, delta)
+
+
+def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """``2^e`` exactly, for integer-valued float64 ``e`` in [−149, 127]. ``pow(2, e)`` alone is not exact on every
+    device (on an H100, CUDA's ``pow(2.0, −32.0)`` came out one ulp below 2^−32, which would put the lattice off the
+    powers of two and its sums off exact); it is within a few ulps, and rounding it to float32, which holds 2^e
+    exactly, snaps it back."""
+    return torch.pow(2.0, exponent).float().double()
 
 
 @float32_math
