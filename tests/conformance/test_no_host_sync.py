@@ -3,11 +3,17 @@
 synchronization per token and a break in a captured CUDA graph; checks that need host values run where the input
 enters (the prefill, the first step that builds kept weights), on host integers (the cache's token count)."""
 
+import numpy as np
 import pytest
 import torch
+from comparisons import MODEL_REL, scaled_close
 from conftest import random_ids
 from torch.overrides import TorchFunctionMode
 from transformers import DataCollatorWithFlattening
+
+from ssmhub.data import PackedWindows, TokenStream
+from ssmhub.ops import host_reads
+from ssmhub.training.batches import window_inputs
 
 # Tensor methods and functions that copy a value to the host (a data-dependent shape is one too: nonzero)
 HOST_READS = {"item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__"}
@@ -52,20 +58,38 @@ def test_a_static_cache_decode_step_reads_nothing_back(causal_lm):
     assert logits.shape[:2] == (2, 1) and cache.get_seq_length() == 10
 
 
-def test_a_packed_training_forward_reads_nothing_back(causal_lm):
-    """A training forward on ``DataCollatorWithFlattening``'s batch (its ``max_length_q`` and ``cu_seq_lens``: the
-    sizes of a batch of documents, host integers from the collator) reads nothing back, as the same tokens unpacked
-    (where those read nothing: a CPU kernel may read where a read is free); with ``position_ids`` alone, one read
-    at most (the sizes, once per forward, not per layer)."""
+@pytest.fixture
+def reads_not_free():
+    """The code paths of an accelerator (or ``torch.compile``) on this CPU: no shortcut by a host read."""
+    with host_reads.static_paths():
+        yield
+
+
+def test_a_packed_training_forward_reads_nothing_back(causal_lm, reads_not_free):
+    """A training forward, plain or on ``DataCollatorWithFlattening``'s batch (its ``max_length_q`` and
+    ``cu_seq_lens``: the sizes of a batch of documents, host integers from the collator), reads nothing back; with
+    ``position_ids`` alone, one read at most (the sizes, once per forward, not per layer)."""
     documents = [random_ids(1, n, seed=n)[0].tolist() for n in (5, 9, 3, 7)]
     batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": ids} for ids in documents])
     assert isinstance(batch["max_length_q"], int) and batch["input_ids"].shape == (1, 24)
     model = causal_lm.train()
-    plain = _host_reads(model, input_ids=batch["input_ids"], labels=batch["labels"])
-    if plain:
-        pytest.skip(f"the plain training forward reads on this device: {plain}")
+    assert _host_reads(model, input_ids=batch["input_ids"], labels=batch["labels"]) == []
     assert _host_reads(model, **batch) == []
     assert len(_host_reads(model, input_ids=batch["input_ids"], position_ids=batch["position_ids"])) <= 1
+
+
+def test_ssmhub_trains_packed_windows_without_a_read(causal_lm, reads_not_free):
+    """``ssmhub-train --packing``'s batches (:meth:`PackedWindows.collate`: several windows, documents crossing
+    their edges) carry their documents' sizes from the host: a training forward reads nothing back, and its loss
+    is the loss of the same windows sized by a read (``position_ids`` alone)."""
+    stream = TokenStream(random_ids(1, 60, seed=1)[0].numpy(), np.array([0, 7, 20, 22, 41, 60]))
+    windows = PackedWindows(stream, 12)
+    inputs = window_inputs(PackedWindows.collate([windows[i] for i in (3, 0, 2)]))
+    assert inputs["cu_seq_lens_q"].tolist() == [0, 5, 12, 19, 24, 36] and inputs["max_length_q"] == 12
+    model = causal_lm.train()
+    assert _host_reads(model, **inputs) == []
+    sized_by_a_read = {name: value for name, value in inputs.items() if name not in ("cu_seq_lens_q", "max_length_q")}
+    scaled_close(model(**inputs).loss, model(**sized_by_a_read).loss, rel=MODEL_REL)
 
 
 @torch.no_grad()
@@ -114,12 +138,13 @@ def test_a_distilled_h3_decode_step_reads_nothing_back():
 
 
 @pytest.mark.parametrize("mode", ["causal", "faithful"])
-def test_a_serpent_training_forward_reads_nothing_back(mode, monkeypatch):
+def test_a_serpent_training_forward_reads_nothing_back(mode, reads_not_free):
     """SeRpEnt's parallel forward and backward, as on an accelerator or under ``torch.compile`` (the grid padded to
-    L slots, Δ's time lattice built on the device), read no value back: not Δ, not max L̄, not a mask's ``all()``."""
+    L slots, Δ's time lattice built on the device), read no value back: not Δ, not max L̄, not a mask's ``all()``;
+    nor does a causal forward that continues a state (stateful training), whose rows reach different numbers of
+    new grid points (all rows in one branch-Mamba call, no per-row loop over their counts)."""
     from ssmhub.layers import serpent
 
-    monkeypatch.setattr(serpent, "static_grid", lambda x: True)
     torch.manual_seed(0)
     mixer = serpent.SerpentMixer(12, resampling_rates=[0.5, 0.2], resampling_window=3, num_distance_features=4,
                                  state_size=4, resampling_mode=mode)  # fmt: skip
@@ -127,6 +152,9 @@ def test_a_serpent_training_forward_reads_nothing_back(mode, monkeypatch):
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, :3] = False
     with _NoHostReads():
-        y, _ = mixer(x, mask, return_state=mode == "causal")
+        y, state = mixer(x, mask, return_state=mode == "causal")
+        if mode == "causal":
+            more, _ = mixer(x[:, 2:7].flip(0) * 3, state=state, return_state=True)  # rows differ: other grid counts
+            y = torch.cat([y, more], 1)
         y.square().sum().backward()
     assert x.grad.abs().sum() > 0 and mixer.resampled[0].ssm.log_grid_step.grad is not None

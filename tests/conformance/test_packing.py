@@ -10,6 +10,7 @@ import pytest
 import torch
 from comparisons import MODEL_GRAD_REL, same_values, scaled_close
 from conftest import random_ids
+from devices import device_type
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 ROWS = [[1, 2, 17, 5], [9, 16]]  # document lengths per row (25 tokens each): 17 > every H3 kernel length here
@@ -98,9 +99,10 @@ def test_trainer_trains_with_the_flattening_collator(family, tmp_path):
     torch.manual_seed(0)
     model = family.causal_lm(family.config())
     dataset = [{"input_ids": random_ids(1, n, seed=n)[0].tolist()} for n in (5, 9, 3, 12, 7, 4)]
-    args = TrainingArguments(
-        tmp_path, per_device_train_batch_size=3, max_steps=2, report_to=[], use_cpu=True, save_strategy="no"
-    )
+    args = TrainingArguments(  # train where the model is; the collator builds its batches there, so none is pinned
+        tmp_path, per_device_train_batch_size=3, max_steps=2, report_to=[], save_strategy="no",
+        use_cpu=device_type() == "cpu", dataloader_pin_memory=False,
+    )  # fmt: skip
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=DataCollatorWithFlattening())
     result = trainer.train()
     assert torch.isfinite(torch.tensor(result.training_loss))
@@ -112,7 +114,7 @@ def test_trainer_trains_with_the_flattening_collator(family, tmp_path):
         ({"position_ids": torch.tensor([[1, 2, 0, 1]])}, "position_ids must be 0 at each row's first real token"),
         ({"position_ids": torch.tensor([[0, 1, 2]])}, "position_ids must have shape"),
         ({"seq_idx": torch.tensor([[0, 1, 0, 1]])}, "seq_idx must be non-decreasing"),
-        ({"cu_seq_lens_q": torch.tensor([0, 3])}, "cu_seq_lens_q must increase strictly from 0 to the row length 4"),
+        ({"cu_seq_lens_q": torch.tensor([0, 3])}, "cu_seq_lens_q must increase strictly from 0 to the batch's B·L = 4"),
     ],
 )
 def test_bad_document_boundaries_are_refused_by_name(family, arguments, says):

@@ -397,12 +397,15 @@ def test_streamed_steps_match_the_parallel_steps(width):
     assert_steps_match(streamed, parallel)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["grid_of_max_Lbar", "grid_of_L"])
 @pytest.mark.parametrize("chunks", [(6, 13), (1, 2, 5, 11), (9, 1, 9)], ids=lambda c: "+".join(map(str, c)))
-def test_chunks_continued_in_parallel_equal_the_whole_forward_with_gradients(chunks):
+def test_chunks_continued_in_parallel_equal_the_whole_forward_with_gradients(chunks, static, monkeypatch):
     """A stream cut into chunks, each a parallel forward continuing the last one's state (stateful training and
     evaluation, replayed rollbacks): outputs, gradients (through the carried states too) and the final state equal
     one forward over the whole stream; the discrete fields exactly. Rows get different numbers of new grid points
-    per chunk (varied steps), and a left-padded row has pads in its first chunk."""
+    per chunk (varied steps), and a left-padded row has pads in its first chunk. Grids of max L̄ slots (the CPU's)
+    and of L slots (an accelerator's: no host read)."""
+    monkeypatch.setattr(serpent_layer, "static_grid", lambda x: static)
     branch = make_branch(kappa=0.3)
     vary_steps(branch)
     x = torch.randn(3, sum(chunks), HIDDEN, generator=torch.Generator().manual_seed(5))

@@ -89,6 +89,20 @@ class PackedWindows(torch.utils.data.Dataset):
         positions = packed_position_ids(self.stream.offsets, start, self.seq_len)
         return {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(positions)}
 
+    @staticmethod
+    def collate(windows: list[dict[str, torch.Tensor]]) -> dict:
+        """A DataLoader's batch of windows: ``input_ids`` and ``position_ids`` (B, L), and the sizes of their
+        documents computed here on the host, as ``transformers.DataCollatorWithFlattening`` gives them:
+        ``cu_seq_lens_q`` (N + 1,) int32 over the B·L tokens back to back (each window starts a document) and
+        ``max_length_q``, the longest (a Python int), so that a packed forward reads none of them back."""
+        ids = torch.stack([w["input_ids"] for w in windows])  # (B, L)
+        positions = torch.stack([w["position_ids"] for w in windows])  # (B, L)
+        starts = positions == 0
+        starts[:, 0] = True  # a window's first token starts a (piece of a) document
+        cu = torch.cat([starts.flatten().nonzero().flatten(), torch.tensor([starts.numel()])])  # (N + 1,)
+        longest = int((cu[1:] - cu[:-1]).max())
+        return {"input_ids": ids, "position_ids": positions, "cu_seq_lens_q": cu.int(), "max_length_q": longest}
+
 
 def _entry_name(source: CorpusSource, tokenizer) -> str:
     key = json.dumps(

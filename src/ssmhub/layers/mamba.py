@@ -168,6 +168,14 @@ class MambaMixer(TokenMixer):
             "ssm_state": ((batch_size, E, self.state_size), torch.float32),
         }
 
+    def conv_state_after(self, x: torch.Tensor, state: dict[str, torch.Tensor], ends: torch.Tensor) -> torch.Tensor:
+        """The convolution's window after each row's first ``ends`` (B,) tokens of x (B, L, H), continuing
+        ``state``: (B, E, k − 1) float32, what a forward over those tokens alone leaves (a masked forward shifts its
+        padding's inputs into the window; the SSM state and the outputs of the real tokens need no such care)."""
+        u = self.in_proj(x)[..., : self.intermediate_size]  # (B, L, E): the convolution's inputs
+        history = state["conv_state"].transpose(1, 2).to(u.dtype)  # (B, k − 1, E)
+        return conv_window(history, u, ends=ends).transpose(1, 2).float().contiguous()
+
     def A(self) -> torch.Tensor:
         """A = −exp(A_log), (E, N) float32."""
         return -torch.exp(self.ssm.A_log.float())

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..ops.host_reads import are_free as host_reads_are_free
 from ..ops.resampling import (
     ResamplingLattice,
     ResamplingState,
@@ -63,7 +64,7 @@ def static_grid(x: torch.Tensor) -> bool:
     reading max L̄ back: on an accelerator (where the read is a host sync per branch and forward) and under
     ``torch.compile`` (where it is a data-dependent shape). On the CPU the read waits for nothing, and a grid of
     max L̄ slots skips the θ_Γ and Mamba work of the slots past it (up to 1 − κ of the branch's grid)."""
-    return x.device.type != "cpu" or torch.compiler.is_compiling()
+    return not host_reads_are_free(x)
 
 
 class ResamplingParameters(nn.Module):
@@ -193,7 +194,8 @@ class ResamplingBranch(TokenMixer):
         step, grid_step = self.steps(x)  # (B, L)
         lattice = self.ssm.lattice(grid_step)
         stream = continued_stream(ResamplingState(*(state[name] for name in _STREAM_FIELDS)), x, step, lattice, mask)
-        windows = causal_windows(stream.shifted, lattice, self.window, stream.mask)  # (B, Lg, K): new grid points
+        num_grid = x.shape[1] if static_grid(x) else None  # L new tokens pass at most L new grid points
+        windows = causal_windows(stream.shifted, lattice, self.window, stream.mask, num_grid)  # (B, Lg, K): new points
         x_grid = self._compress(
             gather_windows(stream.inputs, windows.index, windows.valid), windows.distance, windows.valid
         )  # (B, Lg, H_b), slot j − 1 = new grid point j
@@ -211,24 +213,14 @@ class ResamplingBranch(TokenMixer):
 
     def _mamba_continued(self, x_grid, grid_mask, mamba_state, return_state):
         """The branch Mamba over each row's new grid points (x_grid (B, Lg, H_b), the first ``grid_mask`` slots
-        valid), continuing from its state. Rows with fewer points run alone: padding inside a continued stream
-        would enter the short convolution's window."""
-        counts = grid_mask.sum(1)  # (B,)
+        valid), continuing from its state, all rows at once: the slots after a row's points are right padding, whose
+        Δ = 0 leaves the SSM state and the causal outputs of the points as they were; the convolution's window is
+        taken after the row's last point. Outputs at padding slots are 0."""
         if x_grid.shape[1] == 0:
             return x_grid, mamba_state
-        if bool((counts == x_grid.shape[1]).all()):
-            return self.mamba(x_grid, state=mamba_state, return_state=True)
-        outputs, states = [], []
-        for row, count in enumerate(counts.tolist()):
-            row_state = {name: value[row : row + 1] for name, value in mamba_state.items()}
-            y_row = x_grid.new_zeros(1, x_grid.shape[1], x_grid.shape[2])
-            if count:
-                y_valid, row_state = self.mamba(x_grid[row : row + 1, :count], state=row_state, return_state=True)
-                y_row = torch.cat([y_valid, y_row[:, count:]], dim=1)
-            outputs.append(y_row)
-            states.append(row_state)
-        merged = {name: torch.cat([s[name] for s in states]) for name in mamba_state}
-        return torch.cat(outputs), merged
+        y, new_state = self.mamba(x_grid, mask=grid_mask, state=mamba_state, return_state=True)  # (B, Lg, H_b)
+        new_state["conv_state"] = self.mamba.conv_state_after(x_grid, mamba_state, grid_mask.sum(1))
+        return y * grid_mask[..., None].to(y.dtype), new_state
 
     def _parallel(self, x, mask, return_state):
         """x (B, L, H) -> y (B, L, H_b) from the start of the sequence. Where :func:`static_grid`, every shape is

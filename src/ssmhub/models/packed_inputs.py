@@ -3,8 +3,9 @@
 ``transformers.DataCollatorWithFlattening`` puts a batch's sequences back to back in one row and returns
 ``position_ids`` that restart at 0 for every sequence (by default), and optionally ``seq_idx`` (the sequence
 each token belongs to) or the FlashAttention boundaries ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (cumulative
-lengths, one row) with ``max_length_q`` / ``max_length_k`` (the longest sequence, a Python integer computed on the
-CPU in the collator). The same names are what transformers' padding-free models (Bamba, Granite-MoE-hybrid)
+lengths over the batch's tokens back to back, as transformers flattens a batch for varlen attention) with
+``max_length_q`` / ``max_length_k`` (the longest sequence, a Python integer computed on the CPU in the collator).
+The same names are what transformers' padding-free models (Bamba, Granite-MoE-hybrid)
 accept. Any of them marks where a document starts; every mixer then restarts its state there
 (:meth:`ssmhub.layers.mixer.TokenMixer.forward`'s ``document_starts``).
 
@@ -61,7 +62,8 @@ def document_starts(
         shape: (B, L) of the new tokens. mask: (B, L) of the new tokens or None. past_length: tokens in the cache.
         position_ids: (B, L), restarting at 0 at each document (padding positions are ignored).
         seq_idx: (B, L) non-decreasing document index per row. cu_seq_lens_q / cu_seq_lens_k: (N + 1,) cumulative
-            document lengths of a single row, from 0 to L. max_length_q / max_length_k: the longest document
+            document lengths over the rows back to back, from 0 to B·L (every row starts a document); with
+            ``position_ids`` they only size the batch of documents. max_length_q / max_length_k: the longest document
             (or a bound), a positive Python integer.
     """
     cu_seq_lens = cu_seq_lens_q if cu_seq_lens_q is not None else cu_seq_lens_k
@@ -75,7 +77,7 @@ def document_starts(
         starts = _starts_from_cu_seq_lens(cu_seq_lens, shape, name, read_values)
     if starts is None:
         return None
-    count = _numel(cu_seq_lens) - 1 if cu_seq_lens is not None and shape[0] == 1 else None  # the row's documents
+    count = _numel(cu_seq_lens) - 1 if cu_seq_lens is not None else None  # the batch's documents
     width = _positive_int(max_length_q, "max_length_q") or _positive_int(max_length_k, "max_length_k")
     real = torch.ones(shape, dtype=torch.bool, device=starts.device) if mask is None else mask.bool()
     first_real = real & (real.long().cumsum(1) == 1)
@@ -134,12 +136,18 @@ def _starts_from_seq_idx(seq_idx, shape, read_values: bool) -> torch.Tensor:
 
 
 def _starts_from_cu_seq_lens(cu_seq_lens, shape, name, read_values: bool) -> torch.Tensor:
+    """Starts from cumulative lengths over the batch's rows back to back (B·L tokens, the way transformers
+    flattens a batch for varlen attention); each row's first token must start a document."""
     batch_size, length = shape
+    total = batch_size * length
     cu = (cu_seq_lens if isinstance(cu_seq_lens, torch.Tensor) else torch.tensor(cu_seq_lens)).flatten().long()
-    if batch_size != 1:
-        raise ValueError(f"{name} describes one packed row; got a batch of {batch_size} rows (use position_ids)")
-    if cu.numel() < 2 or (read_values and (int(cu[0]) != 0 or int(cu[-1]) != length or (cu[1:] <= cu[:-1]).any())):
-        raise ValueError(f"{name} must increase strictly from 0 to the row length {length}; got {cu.tolist()}")
-    starts = torch.zeros(shape, dtype=torch.bool, device=cu.device)
-    starts[0, cu[:-1]] = True
+    if cu.numel() < 2 or (read_values and (int(cu[0]) != 0 or int(cu[-1]) != total or (cu[1:] <= cu[:-1]).any())):
+        raise ValueError(f"{name} must increase strictly from 0 to the batch's B·L = {total} tokens; got {cu.tolist()}")
+    starts = torch.zeros(total, dtype=torch.bool, device=cu.device)
+    starts[cu[:-1]] = True
+    starts = starts.view(batch_size, length)  # (B·L,) -> (B, L)
+    if read_values and not bool(starts[:, 0].all()):
+        raise ValueError(
+            f"{name} must start a document at every row's first token (rows of {length}); got {cu.tolist()}"
+        )
     return starts

@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 
 from .diagonal_step import diagonal_step_planes, polar_parts
 from .fftconv import fft_conv
+from .host_reads import are_free as host_reads_are_free
 from .precision import TINY, float32_math
 
 __all__ = [
@@ -145,7 +146,7 @@ def _flush_underflowed(powers: torch.Tensor, log_modulus: torch.Tensor, start: i
     taps = torch.arange(start, start + length, device=powers.device, dtype=torch.float64)  # (C,)
     if powers.requires_grad:
         return powers * (taps < first[:, None])
-    if powers.device.type != "cpu" or torch.compiler.is_compiling():
+    if not host_reads_are_free(powers):
         # every row: picking rows would read the device back (a sync per chunk) or break a traced graph
         return powers.masked_fill_(taps >= first[:, None], 0.0)
     rows = (first < start + length).nonzero().flatten()  # on the CPU a read costs nothing; few rows need it

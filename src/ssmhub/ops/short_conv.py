@@ -132,17 +132,26 @@ def causal_depthwise_conv(
     return _CausalDepthwiseConvFn.apply(x, weight, bias, history.to(dtype), reach)
 
 
-def conv_window(history: torch.Tensor, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+def conv_window(
+    history: torch.Tensor, x: torch.Tensor, starts: torch.Tensor | None = None, ends: torch.Tensor | None = None
+) -> torch.Tensor:
     """The last k − 1 inputs of ``[history ; x]`` along time: the window a causal k-tap convolution continues
     from after ``x``. history (B, k − 1, E), oldest first; x (B, T, E) -> (B, k − 1, E). ``starts`` (B, T) bool
-    or None: inputs before a row's last document start are zeros in its window (the last document's own)."""
-    keep = history.shape[1]
-    tail = min(x.shape[1], keep)
-    stream = torch.cat([history, x[:, x.shape[1] - tail :]], dim=1)  # (B, k − 1 + min(T, k − 1), E)
-    window = stream[:, stream.shape[1] - keep :]  # (B, k − 1, E)
+    or None: inputs before a row's last document start are zeros in its window (the last document's own).
+    ``ends`` (B,) int or None: row b's window ends after ``x[b, ends[b] − 1]`` (0: ``history``); None: after
+    x's last input."""
+    keep, length = history.shape[1], x.shape[1]
+    if ends is None:
+        tail = min(length, keep)
+        stream = torch.cat([history, x[:, length - tail :]], dim=1)  # (B, k − 1 + min(T, k − 1), E)
+        window = stream[:, stream.shape[1] - keep :]  # (B, k − 1, E)
+        position = torch.arange(length - keep, length, device=x.device)[None, :]  # (1, k − 1): < 0 is the history
+    else:
+        slots = ends[:, None] + torch.arange(keep, device=x.device)  # (B, k − 1): window slots of [history ; x]
+        window = torch.cat([history, x], dim=1).gather(1, slots[..., None].expand(-1, -1, x.shape[2]))
+        position = slots - keep  # (B, k − 1): x's index, < 0 is the history
     if starts is None or keep == 0:
         return window
-    index = torch.arange(x.shape[1], device=x.device)
+    index = torch.arange(length, device=x.device)
     last_start = torch.where(starts, index, -1).amax(dim=1)  # (B,): −1 where the row has no start
-    position = torch.arange(x.shape[1] - keep, x.shape[1], device=x.device)  # (k − 1,): < 0 is the history
     return window * (position >= last_start[:, None]).unsqueeze(-1).to(window.dtype)

@@ -30,11 +30,18 @@ def count_targets(inputs: dict[str, Any]) -> torch.Tensor:
 
 
 def window_inputs(batch: torch.Tensor | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Model inputs of a batch of windows: ids (their own labels), or packed ids with ``position_ids``."""
+    """Model inputs of a batch of windows: ids (their own labels), or packed ids with ``position_ids`` and the
+    documents' sizes where the collator gave them (:meth:`ssmhub.data.PackedWindows.collate`)."""
     if isinstance(batch, torch.Tensor):
         return {"input_ids": batch, "labels": batch}
     ids, positions = batch["input_ids"], batch["position_ids"]
-    return {"input_ids": ids, "position_ids": positions, "labels": ids.masked_fill(positions == 0, IGNORE_INDEX)}
+    sizes = {name: batch[name] for name in ("cu_seq_lens_q", "max_length_q") if name in batch}
+    return {
+        "input_ids": ids,
+        "position_ids": positions,
+        **sizes,
+        "labels": ids.masked_fill(positions == 0, IGNORE_INDEX),
+    }
 
 
 def repeat_passages(

@@ -474,7 +474,14 @@ def _window_batches(config: TrainConfig, accelerator, train_windows, model, opti
     """Model, optimizer and :class:`~ssmhub.training.batches.WindowBatches` prepared by Accelerate: a DataLoader
     over (plain or packed) windows in the seeded order of :class:`EpochShuffleSampler`, each process its share."""
     sampler = EpochShuffleSampler(len(train_windows), config.seed)
-    loader = DataLoader(train_windows, batch_size=config.per_device_train_batch_size, sampler=sampler, drop_last=True)
+    collate = getattr(train_windows, "collate", None)  # packed windows: their documents' sizes, on the host
+    loader = DataLoader(
+        train_windows,
+        batch_size=config.per_device_train_batch_size,
+        sampler=sampler,
+        drop_last=True,
+        collate_fn=collate,
+    )
     if config.fsdp:  # sharded already (the optimizer holds the shards): Accelerate would wrap the model in DDP
         loader = accelerator.prepare(loader)
     else:
