@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SSMHUB_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export SSMHUB_DATA_DIR
 
-.PHONY: venv demo test test-all test-portable test-oldest-transformers lint docs bench clean
+.PHONY: venv demo test test-all test-portable test-oldest-transformers test-quantization lint docs bench clean
 
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,19 @@ test-oldest-transformers: venv $(OLDEST_DIR)/.installed
 	PYTHONPATH=$(OLDEST_DIR) $(PY) -c 'import transformers; assert transformers.__version__ == "$(OLDEST_TRANSFORMERS)", transformers.__version__'
 	PYTHONPATH=$(OLDEST_DIR) $(PY) -m pytest -q tests/test_imports.py tests/conformance/test_causal_lm.py
 
+# int8 weights through torchao (the "quantization" extra), from a folder put ahead of the venv's own, as above: the
+# main venv stays without it, since transformers imports torchao with every model class when it is installed.
+QUANTIZATION_DIR := .quantization
+TORCHAO := $(shell sed -n 's/.*"quantization": \["\([^"]*\)"\].*/\1/p' setup.py)
+$(QUANTIZATION_DIR)/.installed: setup.py
+	rm -rf $(QUANTIZATION_DIR)
+	$(PY) -m pip install -q --no-deps --target $(QUANTIZATION_DIR) "$(TORCHAO)"
+	touch $@
+
+test-quantization: venv $(QUANTIZATION_DIR)/.installed
+	PYTHONPATH=$(QUANTIZATION_DIR) $(PY) -m pytest -q tests/conformance/test_quantization.py \
+		tests/test_docs_examples.py -k "quantization or torchao"
+
 # The documentation site (docs/ and the docstrings) into site/, strict: a broken link, a missing reference or a
 # docstring that does not parse fails. tests/test_docs_examples.py runs every Python block of README.md and docs/.
 docs: venv
@@ -64,4 +77,4 @@ bench: venv
 	$(PY) benchmarks/train_throughput.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_DIR) $(QUANTIZATION_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache

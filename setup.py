@@ -43,6 +43,11 @@ setup(
             "onnxscript>=0.3",
             "onnxruntime>=1.20",
         ],
+        # int8 weights through transformers' TorchAoConfig (ssmhub.quantization, docs/quantization.md); torchao's
+        # wheel depends on nothing else, so it never pulls another torch; 0.18 is the release tested with torch 2.13.
+        # Not in "dev": transformers imports torchao with every model class when it is installed (2-3 s and log
+        # lines in every process); `make test-quantization` tests it from a folder of its own
+        "quantization": ["torchao>=0.18,<0.19"],
         # the documentation site (make docs): mkdocs-material, and mkdocstrings for the API pages
         "docs": ["mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     },

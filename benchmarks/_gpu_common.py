@@ -69,6 +69,7 @@ class Report:
 
     results_dir: str
     preamble: list[str]
+    name: str = REPORT_NAME  # the file's stem: gpu.md; step e or f alone writes gpu_training.md or gpu_tests.md
     sections: list[Section] = field(default_factory=list)
 
     def section(self, title: str) -> Section:
@@ -77,7 +78,7 @@ class Report:
 
     def write(self) -> str:
         blocks = [*self.preamble, *(s.render() for s in self.sections)]
-        return write_report(REPORT_NAME, REPORT_TITLE, blocks, results_dir=self.results_dir)
+        return write_report(self.name, REPORT_TITLE, blocks, results_dir=self.results_dir)
 
 
 @dataclass

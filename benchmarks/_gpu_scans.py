@@ -1,5 +1,5 @@
 """Step b of ``gpu_suite.py``: forward + backward of the selective scan (Triton, pure torch, transformers' slow path)
-and of the block scan (Triton, torch's parallel scan, the loop), median ms and ratios."""
+and of the block scan (Triton sequential and chunked, torch's parallel scan, the loop), median ms and ratios."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from _gpu_kernels import BLOCK_TRITON, SELECTIVE_TRITON
 from _scan_methods import block_inputs, method_fn, selective_inputs, to_layout
 
 from ssmhub.ops import block_scan, block_scan_ref
+
+BLOCK_TRITON_CHUNKED = ("ssmhub.ops.triton.block_scan", "block_scan_triton_chunked")  # CHUNK_SIZE steps a program
 
 
 def transformers_label() -> str:
@@ -93,20 +95,25 @@ def selective_table(ctx: Context, section: Section) -> None:
 def block_table(ctx: Context, section: Section) -> None:
     batch, heads, block = ctx.plan["block_speed"]
     triton_scan, why = optional(*BLOCK_TRITON)
+    chunked_scan, _ = optional(*BLOCK_TRITON_CHUNKED)
+    chunk, _ = optional(BLOCK_TRITON_CHUNKED[0], "CHUNK_SIZE")
     section.text(
         f"Block scan x_k = A_k x_(k-1) + v_k, B {batch}, h {heads} blocks of b {block} (a BDLRNN layer of width "
         f"{heads * block}), x_0 given, float32 leaves, forward + backward of (states·g).sum(); the loop is "
-        f"`block_scan_ref` (one einsum per token)." + (f" Triton {why}." if why else "")
+        f"`block_scan_ref` (one einsum per token); Triton: the sequential kernel, chunked: `block_scan_triton_chunked` "
+        f"({chunk} steps a program)." + (f" Triton {why}." if why else "")
     )
-    table = section.table(["T", "Triton ms", "torch parallel ms", "loop ms", "Triton speed-up over torch", "over loop"])
-    methods = (("triton", triton_scan), ("torch", block_scan), ("loop", block_scan_ref))
+    times = ["Triton ms", "chunked ms", "torch parallel ms", "loop ms"]
+    table = section.table(["T", *times, "Triton speed-up over torch", "chunked over torch", "Triton over loop"])
+    methods = (("triton", triton_scan), ("chunked", chunked_scan), ("torch", block_scan), ("loop", block_scan_ref))
     for length in ctx.plan["block_lengths"]:
         A, v, x0, g = (t.to(ctx.device) for t in block_inputs(batch, length, heads, block, seed=0))
         inputs = lambda A=A, v=v, x0=x0, g=g: ([t.requires_grad_() for t in (A, v, x0)], g)  # noqa: E731
         results = {}
         cells = [timed_cell(ctx, fn, inputs, results, name) for name, fn in methods]
-        t = results.get("triton")
-        table.add(length, *cells, ratio(results.get("torch"), t), ratio(results.get("loop"), t))
+        torch_ms = results.get("torch")
+        speed_ups = [ratio(torch_ms, results.get("triton")), ratio(torch_ms, results.get("chunked"))]
+        table.add(length, *cells, *speed_ups, ratio(results.get("loop"), results.get("triton")))
         del A, v, x0, g, inputs
 
 

@@ -94,6 +94,8 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
@@ -302,210 +304,285 @@ def handover_check(model, generator: torch.Generator, prompt: int = 48, steps: i
     return (torch.cat(parts, dim=1) - full).abs().max().item()
 
 
-# --------------------------------------------------------------------------------------------- DLR
-def main_dlr(args) -> int:
-    start_load = os.getloadavg()
-    contexts = sorted(set(args.contexts))
-    gen = torch.Generator().manual_seed(args.seed)
+def check_line(name: str, ok: bool, measured: str) -> str:
+    """One line of the checks list."""
+    return f"- [{'PASS' if ok else 'FAIL'}] {name}: {measured}"
 
+
+def per_repeat(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+# --------------------------------------------------------------------------------------------- decode lanes
+@dataclass
+class Lane:
+    """One model decoding at one context, block after block: ``step_fn(callee, cache, token, steps)`` runs the
+    steps; the greedy token is fed back (``feed_back``) or every block starts from the same one, and a GPT-2
+    cache goes back to ``crop_to`` positions after each block. ``ms`` collects the timed blocks' ms per token."""
+
+    step_fn: Callable
+    callee: object
+    cache: object
+    token: torch.Tensor
+    crop_to: int | None = None
+    feed_back: bool = True
+    ms: list[float] = field(default_factory=list)
+
+    def run(self, steps: int) -> float:
+        """``steps`` decode steps; their seconds (the crop not included)."""
+        seconds, token = timed(self.step_fn, self.callee, self.cache, self.token, steps)
+        if self.feed_back:
+            self.token = token
+        if self.crop_to is not None:
+            gpt2_crop(self.cache, self.crop_to)
+        return seconds
+
+    def time_block(self, steps: int) -> None:
+        self.ms.append(1e3 * self.run(steps) / steps)
+
+
+# --------------------------------------------------------------------------------------------- DLR
+def dlr_models(args, contexts: list[int]) -> dict:
+    """DLR and GPT-2 (sized for the longest context and every step), and their compiled forwards unless
+    ``--no-compile``."""
     dlr = build_dlr(args.state_size)
     n_positions = max(contexts) + args.warmup + args.steps + 64
     gpt2 = build_gpt2(n_positions)
-    dlr_params, gpt2_params = num_params(dlr), num_params(gpt2)
-    print(f"DLR params: {dlr_params / 1e6:.2f}M   GPT-2 params: {gpt2_params / 1e6:.2f}M (n_positions={n_positions})")
-
-    rows, detail_rows, static_rows, results = [], [], [], {}
-    compiled_rows, bandwidths = [], []
-    compile_seconds = {}
-    dlr_compiled = gpt2_compiled = None
+    sizes = f"DLR params: {num_params(dlr) / 1e6:.2f}M   GPT-2 params: {num_params(gpt2) / 1e6:.2f}M"
+    print(f"{sizes} (n_positions={n_positions})")
+    models = {"dlr": dlr, "gpt2": gpt2}
     if not args.no_compile:
-        dlr_compiled = torch.compile(dlr.forward, fullgraph=True)
-        gpt2_compiled = torch.compile(gpt2.forward, fullgraph=True)
-    with torch.inference_mode():
-        handover = handover_check(dlr, gen)
-        print(f"DLR prefill->decode handover check: max |logit diff| = {handover:.2e}")
-        for ctx in contexts:
-            prefill_s, (dlr_cache, dlr_tok) = timed(recurrent_prefill, dlr, ctx, gen)
-            dlr_bytes_prefill = dlr_cache.memory_bytes()
-            gpt2_cache, gpt2_bytes = gpt2_random_cache(gpt2, ctx, gen)
-            gpt2_tok = torch.randint(0, gpt2.config.vocab_size, (1, 1), generator=gen)
-            static_cache = None
-            if not args.no_static_cache:
-                static_cache, _ = gpt2_random_cache(gpt2, ctx, gen, max_cache_len=ctx + max(args.warmup, args.steps))
-            static_tok = gpt2_tok
+        models["dlr_compiled"] = torch.compile(dlr.forward, fullgraph=True)
+        models["gpt2_compiled"] = torch.compile(gpt2.forward, fullgraph=True)
+    return models
 
-            dlr_tok = recurrent_decode(dlr, dlr_cache, dlr_tok, args.warmup)
-            gpt2_tok = gpt2_decode(gpt2, gpt2_cache, gpt2_tok, args.warmup)
-            gpt2_crop(gpt2_cache, ctx)
-            if static_cache is not None:
-                static_tok = gpt2_decode(gpt2, static_cache, static_tok, args.warmup)
-                gpt2_crop(static_cache, ctx)
 
-            compiled = dlr_compiled is not None and static_cache is not None
-            if compiled:
-                extra = args.warmup + args.repeats * args.steps + 8
-                dlr_static, dlr_static_tok = recurrent_static_prefill(dlr, ctx, gen, ctx + extra)
-                compiled_static, _ = gpt2_random_cache(gpt2, ctx, gen, max_cache_len=ctx + max(args.warmup, args.steps))
-                compiled_tok = static_tok
-                seconds, dlr_static_tok = timed(
-                    recurrent_compiled_decode, dlr_compiled, dlr_static, dlr_static_tok, args.warmup
-                )
-                compile_seconds.setdefault("DLR", seconds)
-                seconds, compiled_tok = timed(
-                    gpt2_static_decode, gpt2_compiled, compiled_static, compiled_tok, args.warmup
-                )
-                compile_seconds[f"GPT-2 StaticCache at {ctx}"] = seconds
-                gpt2_crop(compiled_static, ctx)
-            dlr_ms, gpt2_ms, static_ms, dlr_compiled_ms, gpt2_compiled_ms, round_bandwidth = [], [], [], [], [], []
-            for _ in range(args.repeats):
-                if compiled:
-                    round_bandwidth.append(memory_bandwidth())
-                    seconds, dlr_static_tok = timed(
-                        recurrent_compiled_decode, dlr_compiled, dlr_static, dlr_static_tok, args.steps
-                    )
-                    dlr_compiled_ms.append(1e3 * seconds / args.steps)
-                    seconds, compiled_tok = timed(
-                        gpt2_static_decode, gpt2_compiled, compiled_static, compiled_tok, args.steps
-                    )
-                    gpt2_compiled_ms.append(1e3 * seconds / args.steps)
-                    gpt2_crop(compiled_static, ctx)
-                seconds, dlr_tok = timed(recurrent_decode, dlr, dlr_cache, dlr_tok, args.steps)
-                dlr_ms.append(1e3 * seconds / args.steps)
-                seconds, gpt2_tok = timed(gpt2_decode, gpt2, gpt2_cache, gpt2_tok, args.steps)
-                gpt2_ms.append(1e3 * seconds / args.steps)
-                gpt2_crop(gpt2_cache, ctx)
-                if static_cache is not None:
-                    seconds, static_tok = timed(gpt2_decode, gpt2, static_cache, static_tok, args.steps)
-                    static_ms.append(1e3 * seconds / args.steps)
-                    gpt2_crop(static_cache, ctx)
-            if compiled:
-                bandwidth = median(round_bandwidth)
-                bandwidths.extend(round_bandwidth)
-                floor_ms = 1e3 * decode_bytes(dlr, dlr_static) / bandwidth
-                dlr_eager, dlr_fast = median(dlr_ms), median(dlr_compiled_ms)
-                static_eager, static_fast = median(static_ms), median(gpt2_compiled_ms)
-                results.setdefault(ctx, {}).update(
-                    floor_ms=floor_ms, dlr_compiled_ms=dlr_fast, gpt2_compiled_ms=static_fast, bandwidth=bandwidth
-                )
-                compiled_rows.append(
-                    [
-                        ctx,
-                        f"{dlr_eager:.2f}",
-                        f"{dlr_fast:.2f}",
-                        f"{floor_ms:.2f}",
-                        f"{floor_ms / dlr_fast:.0%}",
-                        f"{static_eager:.2f}",
-                        f"{static_fast:.2f}",
-                        f"{static_eager / dlr_eager:.2f}×",
-                        f"{static_fast / dlr_fast:.2f}×",
-                        f"{bandwidth / 1e9:.1f}",
-                    ]
-                )
-                del dlr_static, compiled_static
-            dlr_bytes = dlr_cache.memory_bytes()
-            if dlr_bytes != dlr_bytes_prefill:
-                print(f"  note: DLR cache changed size while decoding at ctx={ctx}: {dlr_bytes_prefill} -> {dlr_bytes}")
-            del gpt2_cache, dlr_cache, static_cache
-            gc.collect()
+def eager_lanes(args, models: dict, ctx: int, gen) -> tuple[dict[str, Lane], dict]:
+    """DLR after a real prefill of ``ctx`` tokens, GPT-2 on a random DynamicCache and (unless
+    ``--no-static-cache``) on a random StaticCache; the prefill's seconds and both caches' bytes."""
+    dlr, gpt2 = models["dlr"], models["gpt2"]
+    prefill_s, (cache, token) = timed(recurrent_prefill, dlr, ctx, gen)
+    facts = {"prefill_s": prefill_s, "dlr_bytes_prefill": cache.memory_bytes()}
+    lanes = {"dlr": Lane(recurrent_decode, dlr, cache, token)}
+    kv, facts["gpt2_bytes"] = gpt2_random_cache(gpt2, ctx, gen)
+    token = torch.randint(0, gpt2.config.vocab_size, (1, 1), generator=gen)
+    lanes["gpt2"] = Lane(gpt2_decode, gpt2, kv, token, crop_to=ctx)
+    if not args.no_static_cache:
+        static, _ = gpt2_random_cache(gpt2, ctx, gen, max_cache_len=ctx + max(args.warmup, args.steps))
+        lanes["static"] = Lane(gpt2_decode, gpt2, static, token, crop_to=ctx)
+    return lanes, facts
 
-            r = results.get(ctx, {})
-            r |= {
-                "dlr_ms": median(dlr_ms),
-                "gpt2_ms": median(gpt2_ms),
-                "dlr_bytes": dlr_bytes,
-                "dlr_bytes_prefill": dlr_bytes_prefill,
-                "gpt2_bytes": gpt2_bytes,
-                "prefill_s": prefill_s,
-                "dlr_all": dlr_ms,
-                "gpt2_all": gpt2_ms,
-            }
-            if static_ms:
-                r["static_ms"] = median(static_ms)
-                static_rows.append(
-                    [
-                        ctx,
-                        f"{r['dlr_ms']:.2f}",
-                        f"{r['static_ms']:.2f}",
-                        f"{r['static_ms'] / r['dlr_ms']:.2f}×",
-                        ", ".join(f"{v:.1f}" for v in static_ms),
-                    ]
-                )
-            results[ctx] = r
-            dlr_tps, gpt2_tps = 1e3 / r["dlr_ms"], 1e3 / r["gpt2_ms"]
-            row = [
-                ctx,
-                f"{r['dlr_ms']:.2f}",
-                f"{r['gpt2_ms']:.2f}",
-                f"{dlr_tps:.1f}",
-                f"{gpt2_tps:.1f}",
-                f"{dlr_tps / gpt2_tps:.2f}×",
-                f"{dlr_bytes / MB:.2f}",
-                f"{gpt2_bytes / MB:.2f}",
-                f"{gpt2_bytes / dlr_bytes:.1f}×",
-            ]
-            rows.append(row)
-            detail_rows.append(
-                [
-                    ctx,
-                    f"{prefill_s:.2f}",
-                    ", ".join(f"{v:.1f}" for v in dlr_ms),
-                    ", ".join(f"{v:.1f}" for v in gpt2_ms),
-                ]
-            )
-            print("  " + " | ".join(str(c) for c in row), flush=True)
 
-    headers = [
-        "context",
-        "DLR ms/token",
-        "GPT-2 ms/token",
-        "DLR tok/s",
-        "GPT-2 tok/s",
-        "speed ratio (DLR÷GPT-2)",
-        "DLR cache MB",
-        "GPT-2 KV cache MB",
-        "cache ratio (GPT-2÷DLR)",
+def compiled_lanes(args, models: dict, ctx: int, gen, token: torch.Tensor) -> dict[str, Lane]:
+    """DLR's compiled forward over its preallocated cache (a real prefill) and GPT-2's over a random StaticCache,
+    starting from ``token``."""
+    extra = args.warmup + args.repeats * args.steps + 8
+    cache, dlr_token = recurrent_static_prefill(models["dlr"], ctx, gen, ctx + extra)
+    static, _ = gpt2_random_cache(models["gpt2"], ctx, gen, max_cache_len=ctx + max(args.warmup, args.steps))
+    return {
+        "dlr_compiled": Lane(recurrent_compiled_decode, models["dlr_compiled"], cache, dlr_token),
+        "gpt2_compiled": Lane(gpt2_static_decode, models["gpt2_compiled"], static, token, crop_to=ctx),
+    }
+
+
+def dlr_lanes(args, models: dict, ctx: int, gen, compile_seconds: dict) -> tuple[dict[str, Lane], dict]:
+    """Every lane of one context, warmed up (``--warmup`` steps); the compiled lanes' first calls, compilation
+    included, go to ``compile_seconds``."""
+    lanes, facts = eager_lanes(args, models, ctx, gen)
+    for lane in lanes.values():
+        lane.run(args.warmup)
+    if "dlr_compiled" in models and "static" in lanes:
+        lanes |= compiled_lanes(args, models, ctx, gen, lanes["static"].token)
+        compile_seconds.setdefault("DLR", lanes["dlr_compiled"].run(args.warmup))
+        compile_seconds[f"GPT-2 StaticCache at {ctx}"] = lanes["gpt2_compiled"].run(args.warmup)
+    return lanes, facts
+
+
+def timed_rounds(args, lanes: dict[str, Lane]) -> list[float]:
+    """``--repeats`` interleaved rounds of one ``--steps`` block per lane (the compiled ones first, after a copy
+    bandwidth measurement); the bandwidths (bytes/s), one per round with compiled lanes."""
+    compiled = [name for name in ("dlr_compiled", "gpt2_compiled") if name in lanes]
+    eager = [name for name in ("dlr", "gpt2", "static") if name in lanes]
+    bandwidths = []
+    for _ in range(args.repeats):
+        if compiled:
+            bandwidths.append(memory_bandwidth())
+        for name in compiled + eager:
+            lanes[name].time_block(args.steps)
+    return bandwidths
+
+
+def compiled_results(lanes: dict[str, Lane], dlr, bandwidths: list[float]) -> dict:
+    """The compiled lanes' medians and DLR's byte floor at the median bandwidth of the context's rounds."""
+    bandwidth = median(bandwidths)
+    return {
+        "floor_ms": 1e3 * decode_bytes(dlr, lanes["dlr_compiled"].cache) / bandwidth,
+        "dlr_compiled_ms": median(lanes["dlr_compiled"].ms),
+        "gpt2_compiled_ms": median(lanes["gpt2_compiled"].ms),
+        "bandwidth": bandwidth,
+        "bandwidths": bandwidths,
+    }
+
+
+def measure_dlr_context(args, models: dict, ctx: int, gen, compile_seconds: dict) -> dict:
+    """One context: every lane warmed up and timed; medians, per-repeat times and cache bytes."""
+    lanes, facts = dlr_lanes(args, models, ctx, gen, compile_seconds)
+    bandwidths = timed_rounds(args, lanes)
+    r = compiled_results(lanes, models["dlr"], bandwidths) if bandwidths else {}
+    dlr_bytes = lanes["dlr"].cache.memory_bytes()
+    if dlr_bytes != facts["dlr_bytes_prefill"]:
+        print(
+            f"  note: DLR cache changed size while decoding at ctx={ctx}: {facts['dlr_bytes_prefill']} -> {dlr_bytes}"
+        )
+    r |= facts | {"dlr_bytes": dlr_bytes, "dlr_all": lanes["dlr"].ms, "gpt2_all": lanes["gpt2"].ms}
+    r |= {"dlr_ms": median(lanes["dlr"].ms), "gpt2_ms": median(lanes["gpt2"].ms)}
+    if "static" in lanes:
+        r |= {"static_ms": median(lanes["static"].ms), "static_all": lanes["static"].ms}
+    del lanes
+    gc.collect()
+    return r
+
+
+# --------------------------------------------------------------------------------------------- DLR: tables
+DLR_HEADERS = [
+    "context",
+    "DLR ms/token",
+    "GPT-2 ms/token",
+    "DLR tok/s",
+    "GPT-2 tok/s",
+    "speed ratio (DLR÷GPT-2)",
+    "DLR cache MB",
+    "GPT-2 KV cache MB",
+    "cache ratio (GPT-2÷DLR)",
+]
+DLR_DETAIL_HEADERS = ["context", "DLR prefill s (1 run)", "DLR ms/token per repeat", "GPT-2 ms/token per repeat"]
+STATIC_HEADERS = [
+    "context",
+    "DLR ms/token",
+    "GPT-2 StaticCache ms/token",
+    "speed ratio (DLR÷GPT-2 StaticCache)",
+    "GPT-2 StaticCache ms/token per repeat",
+]
+COMPILED_HEADERS = [
+    "context",
+    "DLR eager ms/token",
+    "DLR compiled ms/token",
+    "DLR byte floor ms/token",
+    "floor ÷ compiled",
+    "GPT-2 StaticCache eager ms/token",
+    "GPT-2 StaticCache compiled ms/token",
+    "DLR÷GPT-2 speed, eager",
+    "DLR÷GPT-2 speed, compiled",
+    "bandwidth GB/s",
+]
+
+
+def dlr_row(ctx: int, r: dict) -> list:
+    """The main table's row: ms/token, tokens/s and cache sizes of DLR and GPT-2 (DynamicCache)."""
+    dlr_tps, gpt2_tps = 1e3 / r["dlr_ms"], 1e3 / r["gpt2_ms"]
+    row = [ctx, f"{r['dlr_ms']:.2f}", f"{r['gpt2_ms']:.2f}", f"{dlr_tps:.1f}", f"{gpt2_tps:.1f}"]
+    row += [f"{dlr_tps / gpt2_tps:.2f}×", f"{r['dlr_bytes'] / MB:.2f}", f"{r['gpt2_bytes'] / MB:.2f}"]
+    return [*row, f"{r['gpt2_bytes'] / r['dlr_bytes']:.1f}×"]
+
+
+def compiled_row(ctx: int, r: dict) -> list:
+    """The compiled table's row: eager and compiled ms/token of DLR and GPT-2 StaticCache, and DLR's byte floor."""
+    dlr_eager, dlr_fast, floor_ms = r["dlr_ms"], r["dlr_compiled_ms"], r["floor_ms"]
+    static_eager, static_fast = r["static_ms"], r["gpt2_compiled_ms"]
+    row = [ctx, f"{dlr_eager:.2f}", f"{dlr_fast:.2f}", f"{floor_ms:.2f}", f"{floor_ms / dlr_fast:.0%}"]
+    row += [f"{static_eager:.2f}", f"{static_fast:.2f}", f"{static_eager / dlr_eager:.2f}×"]
+    return [*row, f"{static_fast / dlr_fast:.2f}×", f"{r['bandwidth'] / 1e9:.1f}"]
+
+
+def dlr_tables(results: dict) -> dict[str, str]:
+    """The results and per-repeat tables, and the StaticCache and compiled tables where they were timed."""
+    detail = [
+        [c, f"{r['prefill_s']:.2f}", per_repeat(r["dlr_all"]), per_repeat(r["gpt2_all"])] for c, r in results.items()
     ]
-    table = markdown_table(headers, rows)
-    detail = markdown_table(
-        ["context", "DLR prefill s (1 run)", "DLR ms/token per repeat", "GPT-2 ms/token per repeat"], detail_rows
-    )
+    static = [
+        [
+            c,
+            f"{r['dlr_ms']:.2f}",
+            f"{r['static_ms']:.2f}",
+            f"{r['static_ms'] / r['dlr_ms']:.2f}×",
+            per_repeat(r["static_all"]),
+        ]
+        for c, r in results.items()
+        if "static_ms" in r
+    ]
+    compiled = [compiled_row(c, r) for c, r in results.items() if "floor_ms" in r]
+    tables = {
+        "table": markdown_table(DLR_HEADERS, [dlr_row(c, r) for c, r in results.items()]),
+        "detail": markdown_table(DLR_DETAIL_HEADERS, detail),
+    }
+    if static:
+        tables["static"] = markdown_table(STATIC_HEADERS, static)
+    if compiled:
+        tables["compiled"] = markdown_table(COMPILED_HEADERS, compiled)
+    return tables
 
-    # ----------------------------------------------------------------------------------------- checks
-    lo, hi = contexts[0], contexts[-1]
-    checks = []
 
-    def check(name: str, ok: bool, measured: str) -> None:
-        checks.append(f"- [{'PASS' if ok else 'FAIL'}] {name}: {measured}")
-
+# --------------------------------------------------------------------------------------------- DLR: checks, notes
+def dlr_checks(results: dict) -> list[str]:
+    """Checks (a)-(d) of the project, at the shortest and the longest context; (e)-(f) where compiled rows ran."""
+    lo, hi = min(results), max(results)
     growth = results[hi]["dlr_ms"] / results[lo]["dlr_ms"]
-    check(
-        f"(a) DLR per-token time at ctx {hi} within 1.2× of ctx {lo}",
-        growth <= 1.2,
-        f"{results[hi]['dlr_ms']:.2f} ms vs {results[lo]['dlr_ms']:.2f} ms = {growth:.3f}×",
-    )
     sizes = sorted({r["dlr_bytes"] for r in results.values()} | {r["dlr_bytes_prefill"] for r in results.values()})
-    check(
-        "(b) DLR cache memory identical at every context (after prefill and after decoding)",
-        len(sizes) == 1,
-        ", ".join(f"{s} B" for s in sizes),
-    )
     speed = results[hi]["gpt2_ms"] / results[hi]["dlr_ms"]
-    check(
-        f"(c) at ctx {hi} DLR tok/s ≥ 3× GPT-2's",
-        speed >= 3.0,
-        f"{1e3 / results[hi]['dlr_ms']:.1f} vs {1e3 / results[hi]['gpt2_ms']:.2f} tok/s = {speed:.2f}×",
-    )
     mem = results[hi]["gpt2_bytes"] / results[hi]["dlr_bytes"]
-    check(
-        f"(d) at ctx {hi} DLR cache ≥ 100× smaller than GPT-2's KV cache",
-        mem >= 100.0,
-        f"{results[hi]['gpt2_bytes'] / MB:.1f} MB vs {results[hi]['dlr_bytes'] / MB:.2f} MB = {mem:.1f}×",
-    )
+    checks = [
+        check_line(
+            f"(a) DLR per-token time at ctx {hi} within 1.2× of ctx {lo}",
+            growth <= 1.2,
+            f"{results[hi]['dlr_ms']:.2f} ms vs {results[lo]['dlr_ms']:.2f} ms = {growth:.3f}×",
+        ),
+        check_line(
+            "(b) DLR cache memory identical at every context (after prefill and after decoding)",
+            len(sizes) == 1,
+            ", ".join(f"{s} B" for s in sizes),
+        ),
+        check_line(
+            f"(c) at ctx {hi} DLR tok/s ≥ 3× GPT-2's",
+            speed >= 3.0,
+            f"{1e3 / results[hi]['dlr_ms']:.1f} vs {1e3 / results[hi]['gpt2_ms']:.2f} tok/s = {speed:.2f}×",
+        ),
+        check_line(
+            f"(d) at ctx {hi} DLR cache ≥ 100× smaller than GPT-2's KV cache",
+            mem >= 100.0,
+            f"{results[hi]['gpt2_bytes'] / MB:.1f} MB vs {results[hi]['dlr_bytes'] / MB:.2f} MB = {mem:.1f}×",
+        ),
+    ]
     if lo != 128 or hi != 16384:
         checks.append(f"- note: the project's checks are stated for 128 and 16384; this run used {lo} and {hi}.")
+    return checks + (compiled_checks(results[hi], hi) if "floor_ms" in results[hi] else [])
 
+
+def compiled_checks(top: dict, hi: int) -> list[str]:
+    """(e) DLR's compiled decode near its byte floor and (f) ≥ 3× GPT-2 StaticCache compiled, at context ``hi``."""
+    return [
+        check_line(
+            f"(e) DLR compiled decode within 80% of its byte floor at ctx {hi} (floor ÷ time ≥ 0.8)",
+            top["floor_ms"] / top["dlr_compiled_ms"] >= 0.8,
+            f"floor {top['floor_ms']:.2f} ms vs {top['dlr_compiled_ms']:.2f} ms = "
+            f"{top['floor_ms'] / top['dlr_compiled_ms']:.2f}",
+        ),
+        check_line(
+            f"(f) at ctx {hi} DLR compiled ≥ 3× GPT-2 StaticCache compiled",
+            top["gpt2_compiled_ms"] / top["dlr_compiled_ms"] >= 3.0,
+            f"{top['gpt2_compiled_ms']:.2f} ms vs {top['dlr_compiled_ms']:.2f} ms = "
+            f"{top['gpt2_compiled_ms'] / top['dlr_compiled_ms']:.2f}× (eager vs eager: "
+            f"{top['static_ms'] / top['dlr_ms']:.2f}×)",
+        ),
+    ]
+
+
+def dlr_model_notes(args, models: dict, hi: int, handover: float) -> list[str]:
+    """Parameters, the per-token FLOP ratio at context ``hi``, GPT-2's random cache, the handover check and how
+    the blocks are timed."""
+    dlr, gpt2 = models["dlr"], models["gpt2"]
+    dlr_params, gpt2_params = num_params(dlr), num_params(gpt2)
     dlr_flops, gpt2_flops = per_token_flops(dlr.config, gpt2.config, hi)
-    notes = [
+    return [
         f"- Parameters: DLR {dlr_params:,} ({dlr_params / 1e6:.2f}M); GPT-2 {gpt2_params:,} ({gpt2_params / 1e6:.2f}M, "
         f"of which {gpt2.config.n_positions * gpt2.config.n_embd / 1e6:.2f}M position embeddings for "
         f"n_positions={gpt2.config.n_positions}). Both tie the LM head to the token embeddings.",
@@ -524,78 +601,60 @@ def main_dlr(args) -> int:
         "so individual repeats are noisy.",
     ]
 
-    static_table = None
-    if static_rows:
-        static_table = markdown_table(
-            [
-                "context",
-                "DLR ms/token",
-                "GPT-2 StaticCache ms/token",
-                "speed ratio (DLR÷GPT-2 StaticCache)",
-                "GPT-2 StaticCache ms/token per repeat",
-            ],
-            static_rows,
-        )
+
+def dlr_run_notes(tables: dict, start_load: tuple, dlr, results: dict, compile_seconds: dict) -> list[str]:
+    """The StaticCache reference, the machine's load, and the byte floor's bandwidths and compile times."""
+    notes = []
+    if "static" in tables:
         notes.append(
             "- Reference, not part of the checks: GPT-2 with a preallocated `StaticCache` (in-place appends, no "
             "per-step copy of the cache) is in the last table; it shows how much of the DynamicCache GPT-2 time "
             "at long contexts is the per-step `torch.cat` re-copy of the whole cache."
         )
-
     load = os.getloadavg()
     notes.append(
         f"- Load average (1, 5, 15 min) when the run ended: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} on "
         f"{os.cpu_count()} cores (at the start: {', '.join(f'{v:.2f}' for v in start_load)}); the machine is shared, "
         "so compare the ratios of one round, not absolute times across runs."
     )
-    compiled_table = None
-    if compiled_rows:
-        compiled_table = markdown_table(
-            [
-                "context",
-                "DLR eager ms/token",
-                "DLR compiled ms/token",
-                "DLR byte floor ms/token",
-                "floor ÷ compiled",
-                "GPT-2 StaticCache eager ms/token",
-                "GPT-2 StaticCache compiled ms/token",
-                "DLR÷GPT-2 speed, eager",
-                "DLR÷GPT-2 speed, compiled",
-                "bandwidth GB/s",
-            ],
-            compiled_rows,
-        )
-        top = results[hi]
-        check(
-            f"(e) DLR compiled decode within 80% of its byte floor at ctx {hi} (floor ÷ time ≥ 0.8)",
-            top["floor_ms"] / top["dlr_compiled_ms"] >= 0.8,
-            f"floor {top['floor_ms']:.2f} ms vs {top['dlr_compiled_ms']:.2f} ms = "
-            f"{top['floor_ms'] / top['dlr_compiled_ms']:.2f}",
-        )
-        check(
-            f"(f) at ctx {hi} DLR compiled ≥ 3× GPT-2 StaticCache compiled",
-            top["gpt2_compiled_ms"] / top["dlr_compiled_ms"] >= 3.0,
-            f"{top['gpt2_compiled_ms']:.2f} ms vs {top['dlr_compiled_ms']:.2f} ms = "
-            f"{top['gpt2_compiled_ms'] / top['dlr_compiled_ms']:.2f}× (eager vs eager: "
-            f"{top['static_ms'] / top['dlr_ms']:.2f}×)",
-        )
+    if "compiled" in tables:
+        bandwidths = [b for r in results.values() for b in r.get("bandwidths", [])]
         notes.append(
             f"- Byte floor: {decode_bytes(dlr, dlr.static_cache(1, 1)) / MB:.1f} MB per DLR step (weights once + "
             f"state read and written) ÷ the copy bandwidth measured before every round (median per context; all "
             f"rounds: {min(bandwidths) / 1e9:.1f}–{max(bandwidths) / 1e9:.1f} GB/s). First-call times (compile "
             "included): " + ", ".join(f"{k} {v:.0f} s" for k, v in compile_seconds.items()) + "."
         )
+    return notes
+
+
+def main_dlr(args) -> int:
+    """DLR against GPT-2 at every ``--contexts``: measure, then check and report."""
+    start_load = os.getloadavg()
+    contexts = sorted(set(args.contexts))
+    gen = torch.Generator().manual_seed(args.seed)
+    models = dlr_models(args, contexts)
+    results, compile_seconds = {}, {}
+    with torch.inference_mode():
+        handover = handover_check(models["dlr"], gen)
+        print(f"DLR prefill->decode handover check: max |logit diff| = {handover:.2e}")
+        for ctx in contexts:
+            results[ctx] = measure_dlr_context(args, models, ctx, gen, compile_seconds)
+            print("  " + " | ".join(str(c) for c in dlr_row(ctx, results[ctx])), flush=True)
+    tables = dlr_tables(results)
+    notes = dlr_model_notes(args, models, contexts[-1], handover)
+    notes += dlr_run_notes(tables, start_load, models["dlr"], results, compile_seconds)
     sections = [
-        "## Results (medians)\n\n" + table,
-        "## Checks\n\n" + "\n".join(checks),
+        "## Results (medians)\n\n" + tables["table"],
+        "## Checks\n\n" + "\n".join(dlr_checks(results)),
         "## Notes\n\n" + "\n".join(notes),
-        "## Per-repeat detail\n\n" + detail,
+        "## Per-repeat detail\n\n" + tables["detail"],
     ]
-    if static_table:
-        sections.append("## Reference: GPT-2 with a preallocated StaticCache (medians)\n\n" + static_table)
-    if compiled_table:
+    if "static" in tables:
+        sections.append("## Reference: GPT-2 with a preallocated StaticCache (medians)\n\n" + tables["static"])
+    if "compiled" in tables:
         sections.append(
-            "## Compiled decode against the byte floor and GPT-2 StaticCache (medians)\n\n" + compiled_table
+            "## Compiled decode against the byte floor and GPT-2 StaticCache (medians)\n\n" + tables["compiled"]
         )
     report(args, "Decode time and cache memory vs context length: DLR vs GPT-2", sections)
     return 0
@@ -632,13 +691,6 @@ def build_gpt2_like(h3_config, n_positions: int) -> GPT2LMHeadModel:
         attn_implementation="sdpa",
     )
     return GPT2LMHeadModel(cfg).eval()
-
-
-def per_token_ms(fn, *args, steps: int) -> float:
-    """Milliseconds per token of ``fn(*args, steps)``, a block of ``steps`` decode steps."""
-    start = time.perf_counter()
-    fn(*args, steps)
-    return 1e3 * (time.perf_counter() - start) / steps
 
 
 def decode_peak_mb(ctx: int, steps: int, generator, models: dict, gpt2) -> dict[str, float]:
@@ -692,8 +744,9 @@ def distill(exact, args, tolerance: float | None):
     return model, summary
 
 
-def main_h3(args) -> int:
-    script_start = time.perf_counter()
+def h3_models(args) -> tuple[dict, dict, GPT2LMHeadModel | None]:
+    """The exact H3, its distilled copy (and mixed, with ``--tolerance``), their distillation summaries, and GPT-2
+    of the same shape unless ``--no-gpt2``."""
     exact = build_h3(args)
     if exact.config.decode_num_modes is not None:
         raise SystemExit(f"{args.model} is already distilled; give the exact (undistilled) model")
@@ -702,82 +755,91 @@ def main_h3(args) -> int:
     if args.tolerance:
         models["mixed"], summaries["mixed"] = distill(exact, args, args.tolerance)
     gpt2 = None if args.no_gpt2 else build_gpt2_like(exact.config, max(args.contexts) + args.warmup + args.steps)
-    generator = torch.Generator().manual_seed(args.seed)
+    return models, summaries, gpt2
+
+
+def h3_lanes(args, models: dict, gpt2, ctx: int, generator) -> tuple[dict[str, Lane], dict, float]:
+    """Each H3 after a real prefill of ``ctx`` tokens (every block resumes its cache from the prefill's token,
+    so its context grows by ``--steps`` per block: negligible next to ctx) and GPT-2 on a random KV cache; the
+    prefills' seconds and the KV cache's bytes."""
+    lanes, prefill_s, kv_bytes = {}, {}, 0
+    for name, model in models.items():
+        prefill_s[name], (cache, token) = timed(recurrent_prefill, model, ctx, generator)
+        lanes[name] = Lane(recurrent_decode, model, cache, token, feed_back=False)
+    if gpt2 is not None:
+        kv, kv_bytes = gpt2_random_cache(gpt2, ctx, generator)
+        lanes["gpt2"] = Lane(gpt2_decode, gpt2, kv, torch.zeros(1, 1, dtype=torch.long), crop_to=ctx, feed_back=False)
+    return lanes, prefill_s, kv_bytes
+
+
+def measure_h3_context(args, models: dict, gpt2, ctx: int, generator) -> dict:
+    """One context: warm-up, ``--repeats`` interleaved timed rounds, the states' sizes, then (the states freed)
+    the decode peak memory of each model."""
     with torch.inference_mode():
-        checks = {name: handover_check(model, generator) for name, model in models.items()}
-    print("handover max |Δlogit|: " + ", ".join(f"{n} {c:.2e}" for n, c in checks.items()), flush=True)
+        lanes, prefill_s, kv_bytes = h3_lanes(args, models, gpt2, ctx, generator)
+        for lane in lanes.values():
+            lane.run(args.warmup)
+        for _ in range(args.repeats):
+            for lane in lanes.values():
+                lane.time_block(args.steps)
+    ms = {name: median(lane.ms) for name, lane in lanes.items()}
+    mem = {name: lanes[name].cache.memory_bytes() / MB for name in models}
+    del lanes  # the peak-memory pass below starts from the weights alone
+    peak = decode_peak_mb(ctx, args.steps, generator, models, gpt2)
+    if gpt2 is not None:
+        mem["gpt2"] = kv_bytes / MB
+    return {"ms": ms, "mem": mem, "peak": peak, "prefill_s": prefill_s}
 
-    rows = []
-    for ctx in args.contexts:
-        with torch.inference_mode():
-            state = {}
-            for name, model in models.items():
-                t0 = time.perf_counter()
-                cache, token = recurrent_prefill(model, ctx, generator)
-                state[name] = (model, cache, token, time.perf_counter() - t0)
-            kv = None
-            if gpt2 is not None:
-                kv, kv_bytes = gpt2_random_cache(gpt2, ctx, generator)
-                gtoken = torch.zeros(1, 1, dtype=torch.long)
-            # warm-up, then interleaved timed blocks; each H3 block continues from where it stopped, so its
-            # context grows by `steps` per block (negligible next to ctx for the exact/distilled costs)
-            for model, cache, token, _ in state.values():
-                recurrent_decode(model, cache, token, args.warmup)
-            if gpt2 is not None:
-                gpt2_decode(gpt2, kv, gtoken, args.warmup)
-                gpt2_crop(kv, ctx)
-            times = {name: [] for name in (*models, "gpt2")}
-            for _ in range(args.repeats):
-                for name, (model, cache, token, _) in state.items():
-                    times[name].append(per_token_ms(recurrent_decode, model, cache, token, steps=args.steps))
-                if gpt2 is not None:
-                    times["gpt2"].append(per_token_ms(gpt2_decode, gpt2, kv, gtoken, steps=args.steps))
-                    gpt2_crop(kv, ctx)
-        ms = {k: median(v) for k, v in times.items() if v}
-        mem = {name: state[name][1].memory_bytes() / MB for name in state}
-        prefill_s = {name: state[name][3] for name in state}
-        del state, kv  # the peak-memory pass below starts from the weights alone
-        peak = decode_peak_mb(ctx, args.steps, generator, models, gpt2)
-        if gpt2 is not None:
-            mem["gpt2"] = kv_bytes / MB
-        row = [ctx]
-        row += [f"{ms[name]:.2f}" if name in ms else "-" for name in (*models, "gpt2")]
-        row += [f"{ms['exact'] / ms[name]:.2f}×" for name in models if name != "exact"]
-        row += [f"{mem[name]:.3f}" if name in mem else "-" for name in (*models, "gpt2")]
-        row += [
-            " / ".join(f"{peak[name]:.1f}" if name in peak else "-" for name in (*models, "gpt2")),
-            " / ".join(f"{prefill_s[name]:.1f}" for name in models),
-        ]
-        rows.append(row)
-        print("  " + " | ".join(str(c) for c in row), flush=True)
 
-    label = {"exact": "exact", "distilled": f"distilled (N={args.num_modes})", "mixed": f"mixed (tol {args.tolerance})"}
-    label["gpt2"] = "GPT-2"
-    names = " / ".join(label[n] for n in (*models, "gpt2"))
-    headers = ["context"]
-    headers += [f"{label[n]} ms/token" for n in (*models, "gpt2")]
+def h3_labels(args) -> dict[str, str]:
+    return {
+        "exact": "exact",
+        "distilled": f"distilled (N={args.num_modes})",
+        "mixed": f"mixed (tol {args.tolerance})",
+        "gpt2": "GPT-2",
+    }
+
+
+def h3_row(ctx: int, r: dict, models: dict) -> list:
+    """ms/token, speed-ups over exact, state MB, decode peaks and prefill seconds of one context."""
+    everyone = (*models, "gpt2")
+    ms, mem, peak = r["ms"], r["mem"], r["peak"]
+    row = [ctx, *(f"{ms[name]:.2f}" if name in ms else "-" for name in everyone)]
+    row += [f"{ms['exact'] / ms[name]:.2f}×" for name in models if name != "exact"]
+    row += [f"{mem[name]:.3f}" if name in mem else "-" for name in everyone]
+    row.append(" / ".join(f"{peak[name]:.1f}" if name in peak else "-" for name in everyone))
+    return [*row, " / ".join(f"{r['prefill_s'][name]:.1f}" for name in models)]
+
+
+def h3_headers(label: dict[str, str], models: dict) -> list[str]:
+    everyone = (*models, "gpt2")
+    names = " / ".join(label[n] for n in everyone)
+    headers = ["context", *(f"{label[n]} ms/token" for n in everyone)]
     headers += [f"exact ÷ {label[n]}" for n in models if n != "exact"]
-    headers += [f"{label[n]} state MB" if n != "gpt2" else "GPT-2 KV MB" for n in (*models, "gpt2")]
-    headers += [f"decode peak MB ({names})", f"prefill s ({' / '.join(label[n] for n in models)})"]
-    table = markdown_table(headers, rows)
-    cfg = exact.config
-    params = sum(p.numel() for p in exact.parameters())
+    headers += [f"{label[n]} state MB" if n != "gpt2" else "GPT-2 KV MB" for n in everyone]
+    return [*headers, f"decode peak MB ({names})", f"prefill s ({' / '.join(label[n] for n in models)})"]
+
+
+def h3_notes(args, models: dict, summaries: dict, gpt2, handovers: dict, script_start: float) -> list[str]:
+    """The H3's shape, the distillations, the handover checks, GPT-2's shape and how time and memory are taken."""
+    label, cfg = h3_labels(args), models["exact"].config
+    params = num_params(models["exact"])
     source = f"the trained model `{args.model}`" if args.model else "random initialization"
-    notes = [
+    gpt2_text = (
+        "not timed (`--no-gpt2`)."
+        if gpt2 is None
+        else f"n_embd {gpt2.config.n_embd}, {gpt2.config.n_layer} layers, {gpt2.config.n_head} heads, "
+        f"n_positions {gpt2.config.n_positions}, random KV cache of the context's length."
+    )
+    return [
         f"- H3: {source}; hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, MLP {cfg.intermediate_size}, "
         f"L_max {cfg.max_kernel_length}, attention layers {list(cfg.attention_layers)}, vocab {cfg.vocab_size}, "
         f"{params / 1e6:.1f}M parameters.",
         *(f"- {label[name]}: {text}." for name, text in summaries.items()),
         "- Handover (full forward vs prefill + 8 decode steps, max |Δlogit|): "
-        + ", ".join(f"{label[n]} {c:.2e}" for n, c in checks.items())
+        + ", ".join(f"{label[n]} {c:.2e}" for n, c in handovers.items())
         + ".",
-        "- GPT-2: "
-        + (
-            "not timed (`--no-gpt2`)."
-            if gpt2 is None
-            else f"n_embd {gpt2.config.n_embd}, {gpt2.config.n_layer} layers, {gpt2.config.n_head} heads, "
-            f"n_positions {gpt2.config.n_positions}, random KV cache of the context's length."
-        ),
+        "- GPT-2: " + gpt2_text,
         f"- Timing: batch 1, fp32, {args.warmup} warm-up steps, then {args.repeats} interleaved rounds of "
         f"{args.steps} greedy decode steps per model; medians over rounds. torch threads: {torch.get_num_threads()}.",
         "- State MB: `RecurrentCache.memory_bytes()` after the prefill (long and shift convolutions, all layers).",
@@ -785,6 +847,22 @@ def main_h3(args) -> int:
         "the state was built, over the state and one block of decode steps; H3 prefill transients excluded.",
         f"- Whole script wall time: {time.perf_counter() - script_start:.0f} s.",
     ]
+
+
+def main_h3(args) -> int:
+    """H3 exact, distilled and mixed (and GPT-2) at every ``--contexts``: measure, then report."""
+    script_start = time.perf_counter()
+    models, summaries, gpt2 = h3_models(args)
+    generator = torch.Generator().manual_seed(args.seed)
+    with torch.inference_mode():
+        handovers = {name: handover_check(model, generator) for name, model in models.items()}
+    print("handover max |Δlogit|: " + ", ".join(f"{n} {c:.2e}" for n, c in handovers.items()), flush=True)
+    rows = []
+    for ctx in args.contexts:
+        rows.append(h3_row(ctx, measure_h3_context(args, models, gpt2, ctx, generator), models))
+        print("  " + " | ".join(str(c) for c in rows[-1]), flush=True)
+    table = markdown_table(h3_headers(h3_labels(args), models), rows)
+    notes = h3_notes(args, models, summaries, gpt2, handovers, script_start)
     sections = ["## Results (medians)\n\n" + table, "## Notes\n\n" + "\n".join(notes)]
     report(args, "Decode time and state memory vs context length: H3 exact vs distilled vs mixed", sections)
     return 0

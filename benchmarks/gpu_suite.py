@@ -1,16 +1,29 @@
 """One command for a GPU machine: correctness and speed of ssmhub's fast paths on the device, in one report.
 
-Run on a CUDA machine, in one call of at most 8 minutes (the run stops itself at ``--deadline_s``, 450 s from its
-start; every table row reaches ``benchmarks/results/gpu.md`` as it is measured, so a run cut short keeps them)::
+A GPU session (15 minutes of device time, the machine's start of 2-3 minutes included, at most 10 minutes a call)
+runs two calls, in this order (issue 52):
 
-    python benchmarks/gpu_suite.py --results_dir "$OUT"
+1. the training table at users' shapes, with its targets, arithmetic and profiles (step e alone; it stops itself
+   at ``--deadline_s``, and every row reaches ``benchmarks/results/gpu_training.md`` as it is measured, so a run
+   cut short keeps them)::
 
-and on any CPU at tiny sizes, in seconds, so that the suite never rots (tests/test_gpu_suite_smoke.py runs this)::
+       python benchmarks/gpu_suite.py --steps e --deadline_s 450 --results_dir "$OUT"
+
+2. the test suite on the device (step f, in a process of its own; pytest-xdist's 16 workers where installed, else
+   one process), written to ``gpu_tests.md`` (a call of every step writes ``gpu.md``)::
+
+       python benchmarks/gpu_suite.py --steps f --deadline_s 270 --results_dir "$OUT"
+
+The other steps (a-d, g: kernels, scans, decode, FSDP) measured what they had to on 2026-11-28; they run in a
+third call when a session has the time (``--steps dgcab``). Without ``--steps`` every step runs, e first.
+
+On any CPU at tiny sizes, in a minute or two, so that the suite never rots (tests/test_gpu_suite_smoke.py runs
+this)::
 
     python benchmarks/gpu_suite.py --smoke --results_dir /tmp/gpu-smoke
 
-Steps (issue 43), measurements first, each reported even when an earlier one failed (exit status 1 if any failed),
-each stopped at its time cap; sizes are in :func:`plan` and in the report:
+Steps (issues 43 and 52), each reported even when an earlier one failed (exit status 1 if any failed), each
+stopped at its time cap; sizes are in :func:`plan` and in the report:
 
 a. every Triton kernel's error against float64 (FlashButterfly ``fft_conv``, and the Triton selective and block
    scans once they exist: "not available" rows before), outputs and gradients (``_gpu_kernels.py``);
@@ -19,15 +32,27 @@ b. forward + backward speed: selective scan at B 8, d_inner 1536, N 16, T 512 an
 c. ``fft_conv`` backends (torch.fft, Butterfly, Triton) over L (``_gpu_kernels.py``);
 d. decode ms/token per family at width 256 × 4 layers, eager against a CUDA graph of one step over the static cache,
    and whether their greedy tokens are equal (``_gpu_decode.py``);
-e. training tokens/s per family against GPT-2 (SDPA) of the same width and depth at L 2048 (``_gpu_train.py``);
+e. training at users' shapes (``_gpu_train.py``): GPT-2 small (SDPA) and every family at ~125M parameters
+   (``_gpu_models.py``), bf16 autocast, AdamW, L 2048 × batch 8 and L 8192 × batch 2, each eager and compiled
+   per block (``fullgraph=True``), the compiled GPT-2 the ratio's denominator; step ms, tokens/s, peak memory and
+   launches per step per row; the targets of issue 52 §4 (``_gpu_targets.py``), FLOPs and bytes per token against
+   the card's peaks (``_gpu_arithmetic.py``), a profile of one step per model (``_gpu_profile.py``) and GPT-2 and
+   DLR compiled whole. Rows run by importance: the compiled rows at 2048 (GPT-2 first), at 8192, the eager rows,
+   the profiles, the whole-model compilations. Each row has a cap (compiled 75 s, eager 30 s, profile 20 s; the
+   step itself has none but the deadline). Expected on an H100: an eager step of ~125M parameters at 16K tokens
+   0.1-0.5 s (SeRpEnt more), so an eager row ≈ 5-10 s with its build; a compiled row 20-60 s, mostly compilation
+   (identical blocks share one graph); 30 rows and 7 profiles ≈ 350-450 s: the last rows may not run, and say so;
 f. the test suite on the device (``SSMHUB_TEST_DEVICE``), last, in the time left (``_gpu_tests.py``);
 g. an FSDP2 training step per family in one process (nccl, world size 1) with the bf16 policy of
    ``ssmhub.training.shard_model``: losses finite, the recurrence float32 (``_gpu_fsdp.py``).
 
-The report lists the steps a to g; they run in the order d, e, g, c, a, b, f: the Triton scans, new on a GPU, after
-the other measurements, so that a sticky CUDA error (an illegal address) in them cannot cost those; the tests run in
-their own process. Kernel configurations are fixed (no autotuning here); every time is a median of ``--repeats``
-after a warm-up.
+The report lists the steps a to g; in one call they run in the order e, d, g, c, a, b, f: the Triton scans, new on
+a GPU, after the other measurements, so that a sticky CUDA error (an illegal address) in them cannot cost those; the
+tests run in their own process. Kernel configurations are fixed (no autotuning here); every time is a median of
+``--repeats`` (step e: ``train_steps``) after a warm-up. A smoke run compiles with the ``eager`` backend (Dynamo's
+capture with ``fullgraph=True``: a graph break fails the row; no backward trace, no code generation, so seconds a
+model); ``--compile_backend aot_eager`` adds the backward's trace (a minute a model on a small shared CPU),
+``inductor`` compiles as on a GPU.
 """
 
 from __future__ import annotations
@@ -49,7 +74,7 @@ if "--smoke" in sys.argv and "TRITON_INTERPRET" not in os.environ:
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _gpu_common import Context, Report, Section, StepTimeout, free_memory, run_with_alarm  # noqa: E402
+from _gpu_common import REPORT_NAME, Context, Report, Section, StepTimeout, free_memory, run_with_alarm  # noqa: E402
 from _gpu_decode import step_decode  # noqa: E402
 from _gpu_fsdp import step_fsdp  # noqa: E402
 from _gpu_kernels import step_fft_backends, step_kernel_errors  # noqa: E402
@@ -66,11 +91,12 @@ STEPS = [
     ("b. Scan speed, forward + backward", step_scan_speed, 120),
     ("c. fft_conv backends", step_fft_backends, 40),
     ("d. Decode per family: eager vs CUDA graph", step_decode, 60),
-    ("e. Training throughput vs GPT-2", step_training, 90),
+    ("e. Training at users' shapes vs compiled GPT-2, bf16", step_training, None),  # caps per row, its own
     ("f. Test suite on the device", step_tests, None),
     ("g. FSDP2 training step, bf16 policy", step_fsdp, 45),
 ]
-RUN_ORDER = "degcabf"  # by the titles' letters (see the module docstring)
+RUN_ORDER = "edgcabf"  # by the titles' letters (see the module docstring)
+OWN_FILES = {"e": "gpu_training", "f": "gpu_tests"}  # a call of one of these steps alone writes its own file
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,7 +109,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--test_timeout", type=int, default=120, help="seconds per test (pytest-timeout, when installed)")
     p.add_argument("--test_workers", type=int, default=None, help="pytest-xdist workers (default: 16 on a GPU)")
     p.add_argument("--steps", default=RUN_ORDER, help=f"the steps to run, by letter (default: all, {RUN_ORDER})")
-    return p.parse_args(argv)
+    p.add_argument("--compile_backend", default=None, help="step e's compile backend (inductor; --smoke: eager)")
+    args = p.parse_args(argv)
+    unknown = set(args.steps) - set(RUN_ORDER)
+    if unknown or not args.steps:
+        p.error(f"--steps takes letters of {RUN_ORDER}; got {args.steps!r}")
+    return args
 
 
 def plan(smoke: bool) -> dict:
@@ -103,9 +134,13 @@ def plan(smoke: bool) -> dict:
             "fft_shape": (2, 8),
             "model_width": (16, 2),
             "decode_tokens": 4,
-            "train_batch": 2,
-            "train_length": 32,
+            "train_batch": 2,  # FSDP's (g)
+            "train_lengths": [(32, 2), (64, 1)],  # (L, batch): the GPU's two shapes, tiny
+            "train_user_shape": False,  # the zoo of _gpu_models.py at width 24
             "train_steps": 1,
+            "train_caps": {"compiled": 60, "eager": 30, "profile": 30},
+            "train_reserve_s": 5,
+            "profile_ops": 10,
             "fsdp_length": 32,
             "tests": ["tests/test_fileio.py"],  # the step's machinery, not the suite: pytest's start-up dominates
             "cap": 60,
@@ -124,9 +159,13 @@ def plan(smoke: bool) -> dict:
         "fft_shape": (8, 768),
         "model_width": (256, 4),
         "decode_tokens": 64,
-        "train_batch": 4,
-        "train_length": 2048,
+        "train_batch": 4,  # FSDP's (g)
+        "train_lengths": [(2048, 8), (8192, 2)],  # (L, batch): the same tokens per step
+        "train_user_shape": True,  # ~125M parameters (_gpu_models.py)
         "train_steps": 5,
+        "train_caps": {"compiled": 75, "eager": 30, "profile": 20},  # seconds per row (see the module docstring)
+        "train_reserve_s": 10,
+        "profile_ops": 10,
         "fsdp_length": 512,
         "tests": ["tests/ops", "tests/layers", "tests/conformance"],
         "cap": None,  # each step's own (STEPS)
@@ -182,15 +221,13 @@ def main(argv=None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     if args.smoke:
         args.repeats = 1  # the smoke run checks that every step runs, not how fast
+    args.compile_backend = args.compile_backend or ("eager" if args.smoke else "inductor")
     args.results_dir = args.results_dir or (tempfile.mkdtemp(prefix="gpu-smoke-") if args.smoke else RESULTS_DIR)
     ctx = Context(args, plan(args.smoke), device, START + args.deadline_s)
-    report = Report(args.results_dir, preamble(ctx))
-    sections = {title: report.section(title) for title, _, _ in STEPS}  # listed a to g
+    report = Report(args.results_dir, preamble(ctx), OWN_FILES.get(args.steps, REPORT_NAME))
+    sections = {title: report.section(title) for title, _, _ in STEPS if title[0] in args.steps}  # listed a to g
     for section in sections.values():
         section.footer = "(not run yet)"
-    unknown = set(args.steps) - set(RUN_ORDER)
-    if unknown:
-        raise SystemExit(f"--steps takes letters of {RUN_ORDER}; got {''.join(sorted(unknown))!r}")
     order = sorted((s for s in STEPS if s[0][0] in args.steps), key=lambda entry: RUN_ORDER.index(entry[0][0]))
     failed = [title for title, step, cap in order if not run_step(ctx, sections[title], step, cap)]
     path = report.write()

@@ -46,7 +46,13 @@ _ISSUE7_COMMON = (
     "--seq_len 512 --per_device_train_batch_size 8 --max_steps 600 --warmup_steps 60 --eval_steps 300 --save_steps 300"
 )
 # SeRpEnt 255 = 3 × 85 wide (the paper: 510 = 3 × 170); Mamba 304 wide has the same parameter count (±1.3%)
-SERPENT_SIZE = {"hidden_size": 255, "num_hidden_layers": 4, "resampling_rates": [0.5, 0.1], "resampling_window": 10}
+SERPENT_SIZE = {  # the paper's concatenated layout, the default when these runs were made (issue 7)
+    "hidden_size": 255,
+    "num_hidden_layers": 4,
+    "resampling_rates": [0.5, 0.1],
+    "resampling_window": 10,
+    "branch_layout": "concatenated",
+}
 MAMBA_SIZE = {"hidden_size": 304, "num_hidden_layers": 4, "resampling_rates": []}
 # ablations: window K = 5 at width 300 = 3 × 100 (parameters and width both ≈ Mamba's), and the paper's own
 # protocol (Table 2: SeRpEnt about as wide as Mamba, more parameters): width 303 = 3 × 101, K = 10

@@ -78,7 +78,7 @@ from ssmhub.models.serpent.convert_mamba import mamba_state_dict_to_serpent
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, median, write_report
-from decode_vs_context import handover_check, recurrent_decode, recurrent_prefill
+from decode_vs_context import check_line, handover_check, num_params, recurrent_decode, recurrent_prefill, timed
 
 SCRIPT_NAME = "mamba_vs_transformers"
 MB = 1e6
@@ -195,10 +195,6 @@ def build_gpt2(args, n_positions: int) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
-def num_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())  # tied weights counted once
-
-
 # --------------------------------------------------------------------------------------------- steps
 def train_step(model, ids: torch.Tensor):
     """One forward (loss) + backward; returns (seconds, output)."""
@@ -252,133 +248,152 @@ def mamba_cache_bytes(cache) -> int:
     return total
 
 
-def timed(fn, *args) -> tuple[float, object]:
-    start = time.perf_counter()
-    result = fn(*args)
-    return time.perf_counter() - start, result
-
-
 def fmt_list(values, spec: str = ".3g") -> str:
     return ", ".join(format(v, spec) for v in values)
 
 
-# --------------------------------------------------------------------------------------------- sections
+# --------------------------------------------------------------------------------------------- 1. training step
+def train_compare(hf, ours, ids: torch.Tensor) -> dict:
+    """The untimed warm-up step of both Mambas on ``ids``, their outputs compared: |Δ loss|, max |Δ logits|,
+    per-parameter gradient differences, and transformers' warm-up seconds."""
+    _, out_ours = train_step(ours, ids)
+    hf_warm, out_hf = train_step(hf, ids)
+    return {
+        "dloss": abs(out_ours.loss.item() - out_hf.loss.item()),
+        "dlogits": (out_ours.logits - out_hf.logits).abs().max().item(),
+        "grads": grad_differences(hf, ours),
+        "hf_warm": hf_warm,
+    }
+
+
+def train_length(args, hf, ours, ids: torch.Tensor, predicted: float | None) -> tuple[dict, list, list]:
+    """One length: the warm-up (and comparison, where transformers runs), then ``--repeats`` interleaved timed
+    steps; transformers is left out where its predicted or warm-up step is over ``--step-limit``."""
+    run_hf = predicted is None or predicted <= args.step_limit
+    r = {"predicted": predicted, "run_hf": run_hf, **(train_compare(hf, ours, ids) if run_hf else {})}
+    if not run_hf:
+        train_step(ours, ids)
+    ours_s, hf_s = [], []
+    hf_repeats = args.repeats if run_hf and r["hf_warm"] <= args.step_limit else 0
+    for i in range(args.repeats):
+        ours_s.append(train_step(ours, ids)[0])
+        if i < hf_repeats:
+            hf_s.append(train_step(hf, ids)[0])
+    if run_hf and not hf_s:  # the warm-up step alone was over the limit: report it as the only run
+        hf_s = [r["hf_warm"]]
+    r["ours_s"], r["hf_s"] = median(ours_s), (median(hf_s) if hf_s else None)
+    return r, ours_s, hf_s
+
+
+def training_row(args, L: int, r: dict) -> list:
+    """The training table's row of length ``L``."""
+    tokens = args.batch * L
+    ours_tps = tokens / r["ours_s"]
+    if r["hf_s"] is None:
+        why = f"not run (predicted {r['predicted']:.0f} s/step > {args.step_limit:.0f} s)"
+        return [L, f"{r['ours_s']:.3g}", why, f"{ours_tps:,.0f}", "-", "-", "-", "-", "-"]
+    hf_tps, grads = tokens / r["hf_s"], r["grads"]
+    return [
+        L,
+        f"{r['ours_s']:.3g}",
+        f"{r['hf_s']:.3g}",
+        f"{ours_tps:,.0f}",
+        f"{hf_tps:,.1f}",
+        f"**{ours_tps / hf_tps:.1f}×**",
+        f"{r['dloss']:.1e}",
+        f"{r['dlogits']:.1e}",
+        f"{max(grads.values()):.1e}",
+    ]
+
+
+TRAINING_HEADERS = [
+    "L",
+    "ssmhub s/step",
+    "transformers s/step",
+    "ssmhub tok/s",
+    "transformers tok/s",
+    "speed-up (ssmhub ÷ transformers)",
+    "|Δ loss|",
+    "max |Δ logits|",
+    "max grad rel. diff (all params)",
+]
+
+
+def gradient_table(args, results: dict) -> str:
+    """Per-parameter gradient agreement of the embedding and the first and last layers' mixers, per length run."""
+    layers = sorted({0, args.layers - 1})
+    picks = ["backbone.embeddings.weight"] + [
+        f"backbone.layers.{i}.mixer.{p}" for i in layers for p in ("in_proj.weight", "A_log", "dt_proj.weight", "D")
+    ]
+    ran = [L for L, r in results.items() if "grads" in r]
+    if not ran:
+        return ""
+    rows = [[f"`{name}`", *(f"{results[L]['grads'][name]:.1e}" for L in ran)] for name in picks]
+    return markdown_table(["transformers parameter", *(f"L={L}" for L in ran)], rows)
+
+
 def section_training(args, hf, ours, gen):
+    """Section 1: a training step of both Mambas on the same weights, per ``--train-lens``."""
     hf.train()
     ours.train()
     rows, detail, results = [], [], {}
     prev = None  # (L, transformers step seconds) of the last length transformers ran at
     for L in sorted(set(args.train_lens)):
         ids = torch.randint(0, args.vocab_size, (args.batch, L), generator=gen)
-        tokens = args.batch * L
         predicted = None if prev is None else prev[1] * (L / prev[0]) ** 2
-        run_hf = predicted is None or predicted <= args.step_limit
-        r = {"predicted": predicted, "run_hf": run_hf}
-        if run_hf:
-            _, out_ours = train_step(ours, ids)
-            hf_warm, out_hf = train_step(hf, ids)
-            r["dloss"] = abs(out_ours.loss.item() - out_hf.loss.item())
-            r["dlogits"] = (out_ours.logits - out_hf.logits).abs().max().item()
-            r["grads"] = grad_differences(hf, ours)
-            del out_ours, out_hf
-        else:
-            train_step(ours, ids)
-        ours_s, hf_s = [], []
-        hf_repeats = args.repeats if run_hf and hf_warm <= args.step_limit else 0
-        for i in range(args.repeats):
-            ours_s.append(train_step(ours, ids)[0])
-            if i < hf_repeats:
-                hf_s.append(train_step(hf, ids)[0])
-        if run_hf and not hf_s:  # the warm-up step alone was over the limit: report it as the only run
-            hf_s = [hf_warm]
-        r["ours_s"], r["hf_s"] = median(ours_s), (median(hf_s) if hf_s else None)
-        results[L] = r
+        results[L], ours_s, hf_s = train_length(args, hf, ours, ids, predicted)
         if hf_s:
-            prev = (L, r["hf_s"])
-        ours_tps = tokens / r["ours_s"]
-        if hf_s:
-            hf_tps = tokens / r["hf_s"]
-            grads = r["grads"]
-            worst = max(grads, key=grads.get)
-            row = [
-                L,
-                f"{r['ours_s']:.3g}",
-                f"{r['hf_s']:.3g}",
-                f"{ours_tps:,.0f}",
-                f"{hf_tps:,.1f}",
-                f"**{ours_tps / hf_tps:.1f}×**",
-                f"{r['dloss']:.1e}",
-                f"{r['dlogits']:.1e}",
-                f"{grads[worst]:.1e}",
-            ]
-        else:
-            why = f"not run (predicted {predicted:.0f} s/step > {args.step_limit:.0f} s)"
-            row = [L, f"{r['ours_s']:.3g}", why, f"{ours_tps:,.0f}", "-", "-", "-", "-", "-"]
-        rows.append(row)
-        detail.append(
-            [L, fmt_list(ours_s), fmt_list(hf_s) if hf_s else "-", f"{predicted:.1f}" if predicted is not None else "-"]
-        )
-        print("  train | " + " | ".join(str(c) for c in row), flush=True)
-    headers = [
-        "L",
-        "ssmhub s/step",
-        "transformers s/step",
-        "ssmhub tok/s",
-        "transformers tok/s",
-        "speed-up (ssmhub ÷ transformers)",
-        "|Δ loss|",
-        "max |Δ logits|",
-        "max grad rel. diff (all params)",
-    ]
-    grad_rows = []
-    layers = sorted({0, args.layers - 1})
-    picks = ["backbone.embeddings.weight"] + [
-        f"backbone.layers.{i}.mixer.{p}" for i in layers for p in ("in_proj.weight", "A_log", "dt_proj.weight", "D")
-    ]
-    ran = [L for L, r in results.items() if "grads" in r]
-    for name in picks:
-        grad_rows.append([f"`{name}`", *(f"{results[L]['grads'][name]:.1e}" for L in ran)])
-    grad_table = markdown_table(["transformers parameter", *(f"L={L}" for L in ran)], grad_rows) if ran else ""
+            prev = (L, results[L]["hf_s"])
+        rows.append(training_row(args, L, results[L]))
+        predicted_text = f"{predicted:.1f}" if predicted is not None else "-"
+        detail.append([L, fmt_list(ours_s), fmt_list(hf_s) if hf_s else "-", predicted_text])
+        print("  train | " + " | ".join(str(c) for c in rows[-1]), flush=True)
     detail_table = markdown_table(
         ["L", "ssmhub s/step per repeat", "transformers s/step per repeat", "transformers predicted s/step"], detail
     )
-    return results, markdown_table(headers, rows), grad_table, detail_table
+    return results, markdown_table(TRAINING_HEADERS, rows), gradient_table(args, results), detail_table
+
+
+# --------------------------------------------------------------------------------------------- 2. throughput
+def throughput_length(args, ours, gpt2, L: int, gen) -> tuple[dict, list]:
+    """One length: a warm-up step each, then ``--repeats`` interleaved timed steps; tokens/s and the detail row."""
+    batch = max(1, args.tokens_per_step // L)
+    ids = torch.randint(0, args.vocab_size, (batch, L), generator=gen)
+    train_step(ours, ids)
+    train_step(gpt2, ids)
+    ours_s, gpt2_s = [], []
+    for _ in range(args.repeats):
+        ours_s.append(train_step(ours, ids)[0])
+        gpt2_s.append(train_step(gpt2, ids)[0])
+    r = {"ours_tps": batch * L / median(ours_s), "gpt2_tps": batch * L / median(gpt2_s), "batch": batch}
+    return r, [L, batch, fmt_list(ours_s), fmt_list(gpt2_s)]
+
+
+def throughput_rows(results: dict, lens: list[int]) -> list[list]:
+    """The throughput table, each length's tokens/s also relative to the shortest length's (``flat``, set here)."""
+    rows = []
+    for L in lens:
+        r = results[L]
+        r["flat"] = r["ours_tps"] / results[lens[0]]["ours_tps"]
+        ratio = r["ours_tps"] / r["gpt2_tps"]
+        rows.append([L, r["batch"], f"{r['ours_tps']:,.0f}", f"{r['gpt2_tps']:,.0f}", f"**{ratio:.2f}×**"])
+        rows[-1].append(f"{r['flat']:.2f}")
+        print("  throughput | " + " | ".join(str(c) for c in rows[-1]), flush=True)
+    return rows
 
 
 def section_throughput(args, ours, gen):
+    """Section 2: training tokens/s of ssmhub's Mamba and GPT-2 of the same width and depth, per length."""
     lens = sorted(set(args.throughput_lens))
     gpt2 = build_gpt2(args, max(lens)).train()
     if gpt2.config._attn_implementation != "sdpa":
         raise RuntimeError(f"GPT-2 runs with {gpt2.config._attn_implementation!r} attention, not sdpa")
     ours.train()
-    rows, detail, results = [], [], {}
+    results, detail = {}, []
     for L in lens:
-        batch = max(1, args.tokens_per_step // L)
-        ids = torch.randint(0, args.vocab_size, (batch, L), generator=gen)
-        train_step(ours, ids)
-        train_step(gpt2, ids)
-        ours_s, gpt2_s = [], []
-        for _ in range(args.repeats):
-            ours_s.append(train_step(ours, ids)[0])
-            gpt2_s.append(train_step(gpt2, ids)[0])
-        ours_tps, gpt2_tps = batch * L / median(ours_s), batch * L / median(gpt2_s)
-        results[L] = {"ours_tps": ours_tps, "gpt2_tps": gpt2_tps, "batch": batch}
-        detail.append([L, batch, fmt_list(ours_s), fmt_list(gpt2_s)])
-    base = results[lens[0]]["ours_tps"]
-    for L in lens:
-        r = results[L]
-        r["flat"] = r["ours_tps"] / base
-        rows.append(
-            [
-                L,
-                r["batch"],
-                f"{r['ours_tps']:,.0f}",
-                f"{r['gpt2_tps']:,.0f}",
-                f"**{r['ours_tps'] / r['gpt2_tps']:.2f}×**",
-                f"{r['flat']:.2f}",
-            ]
-        )
-        print("  throughput | " + " | ".join(str(c) for c in rows[-1]), flush=True)
+        results[L], detail_row = throughput_length(args, ours, gpt2, L, gen)
+        detail.append(detail_row)
+    rows = throughput_rows(results, lens)
     headers = [
         "L",
         "batch",
@@ -388,141 +403,303 @@ def section_throughput(args, ours, gen):
         f"ssmhub tok/s ÷ its L={lens[0]} value",
     ]
     detail_table = markdown_table(["L", "batch", "ssmhub s/step per repeat", "GPT-2 s/step per repeat"], detail)
-    params = num_params(gpt2)
-    del gpt2
-    return results, markdown_table(headers, rows), detail_table, params
+    return results, markdown_table(headers, rows), detail_table, num_params(gpt2)
+
+
+# --------------------------------------------------------------------------------------------- 3. prefill
+PREFILL_HEADERS = [
+    "prompt",
+    "ssmhub s",
+    "transformers s",
+    "ssmhub tok/s",
+    "transformers tok/s",
+    "speed-up (ssmhub ÷ transformers)",
+    "final logits max |Δ|",
+    "same next token",
+]
+
+
+def prefill_agreement(hf, ours, ids: torch.Tensor) -> tuple[float, bool]:
+    """Max |Δ| of the two Mambas' final logits after prefilling ``ids``, and whether their next tokens agree."""
+    last_ours = ours(ids, use_cache=True, logits_to_keep=1).logits[:, -1]
+    last_hf = hf(ids, use_cache=True, logits_to_keep=1).logits[:, -1]
+    return (last_ours - last_hf).abs().max().item(), bool((last_ours.argmax(-1) == last_hf.argmax(-1)).all())
 
 
 def section_prefill(args, hf, ours, seed: int):
+    """Section 3: prefill of one ``--prefill-len`` prompt by both Mambas (no grad, use_cache)."""
     hf.eval()
     ours.eval()
     n = args.prefill_len
     with torch.no_grad():
         ids = torch.randint(0, args.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
-        out_ours = ours(ids, use_cache=True, logits_to_keep=1)
-        out_hf = hf(ids, use_cache=True, logits_to_keep=1)
-        dlogits = (out_ours.logits[:, -1] - out_hf.logits[:, -1]).abs().max().item()
-        same_token = bool((out_ours.logits[:, -1].argmax(-1) == out_hf.logits[:, -1].argmax(-1)).all())
-        del out_ours, out_hf
+        dlogits, same_token = prefill_agreement(hf, ours, ids)
         ours_s, hf_s = [], []
         for i in range(args.repeats):  # the same prompt every time: a fresh generator per run
             ours_s.append(timed(recurrent_prefill, ours, n, torch.Generator().manual_seed(seed + i))[0])
             hf_s.append(timed(mamba_prefill, hf, n, torch.Generator().manual_seed(seed + i))[0])
     r = {"ours_s": median(ours_s), "hf_s": median(hf_s), "dlogits": dlogits, "same_token": same_token}
-    row = [
-        n,
-        f"{r['ours_s']:.3g}",
-        f"{r['hf_s']:.3g}",
-        f"{n / r['ours_s']:,.0f}",
-        f"{n / r['hf_s']:,.0f}",
-        f"**{r['hf_s'] / r['ours_s']:.1f}×**",
-        f"{dlogits:.1e}",
-        "yes" if same_token else "NO",
-    ]
+    row = [n, f"{r['ours_s']:.3g}", f"{r['hf_s']:.3g}", f"{n / r['ours_s']:,.0f}", f"{n / r['hf_s']:,.0f}"]
+    row += [f"**{r['hf_s'] / r['ours_s']:.1f}×**", f"{dlogits:.1e}", "yes" if same_token else "NO"]
     print("  prefill | " + " | ".join(str(c) for c in row), flush=True)
-    headers = [
-        "prompt",
-        "ssmhub s",
-        "transformers s",
-        "ssmhub tok/s",
-        "transformers tok/s",
-        "speed-up (ssmhub ÷ transformers)",
-        "final logits max |Δ|",
-        "same next token",
-    ]
     detail = f"Per repeat (s): ssmhub {fmt_list(ours_s)}; transformers {fmt_list(hf_s)}."
-    return r, markdown_table(headers, [row]), detail
+    return r, markdown_table(PREFILL_HEADERS, [row]), detail
+
+
+# --------------------------------------------------------------------------------------------- 4. decode
+DECODE_HEADERS = [
+    "context",
+    "ssmhub Mamba ms/token",
+    "transformers Mamba ms/token",
+    "SeRpEnt [0.5, 0.1] ms/token",
+    "transformers ÷ ssmhub",
+    "ssmhub Mamba cache MB",
+    "transformers cache MB",
+    "SeRpEnt cache MB",
+    "first step max |Δ logits| (Mambas)",
+]
+DECODE_DETAIL_HEADERS = [
+    "context",
+    "prefill s, 1 run (ssmhub / transformers / SeRpEnt)",
+    "ssmhub ms/token per repeat",
+    "transformers ms/token per repeat",
+    "SeRpEnt ms/token per repeat",
+]
+
+
+def prefill_all(models: dict, ctx: int, seed: int) -> tuple[dict, dict]:
+    """Each model (``ours``, ``hf``, ``serpent``) prefills the same ``ctx`` random tokens, timed once: seconds,
+    and (cache, next token) per model."""
+    prefills = {"ours": recurrent_prefill, "hf": mamba_prefill, "serpent": recurrent_prefill}
+    seconds, states = {}, {}
+    for key, prefill in prefills.items():
+        seconds[key], states[key] = timed(prefill, models[key], ctx, torch.Generator().manual_seed(seed + ctx))
+    return seconds, states
+
+
+def first_step_difference(models: dict, states: dict) -> float:
+    """Feeds ssmhub Mamba's prefill token to both Mambas' caches; max |Δ| of their logits. Each Mamba's state
+    entry moves on to its own greedy token."""
+    (ours_cache, ours_tok), (hf_cache, _) = states["ours"], states["hf"]
+    a = models["ours"](ours_tok, cache=ours_cache, use_cache=True).logits[:, -1]
+    b = models["hf"](ours_tok, use_cache=True, **{MAMBA_CACHE_FIELD: hf_cache}).logits[:, -1]
+    states["ours"], states["hf"] = (ours_cache, a.argmax(-1, keepdim=True)), (hf_cache, b.argmax(-1, keepdim=True))
+    return (a - b).abs().max().item()
+
+
+def decode_blocks(args, models: dict, states: dict) -> dict[str, list[float]]:
+    """``--decode-warmup`` untimed steps, then ``--decode-repeats`` timed blocks of ``--decode-steps`` per model,
+    interleaved; ms/token per block and model."""
+    decoders = {"ours": recurrent_decode, "hf": mamba_decode, "serpent": recurrent_decode}
+    tokens = {
+        key: decoders[key](models[key], cache, token, args.decode_warmup) for key, (cache, token) in states.items()
+    }
+    ms = {key: [] for key in decoders}
+    for _ in range(args.decode_repeats):
+        for key, decode in decoders.items():
+            seconds, tokens[key] = timed(decode, models[key], states[key][0], tokens[key], args.decode_steps)
+            ms[key].append(1e3 * seconds / args.decode_steps)
+    return ms
+
+
+def decode_context(args, models: dict, ctx: int, seed: int) -> tuple[dict, list, list]:
+    """One context: prefill, the first step compared, the timed decode; its results, row and detail row."""
+    prefill_s, states = prefill_all(models, ctx, seed)
+    same_prefill_token = bool((states["ours"][1] == states["hf"][1]).all())
+    after_prefill = {"ours": states["ours"][0].memory_bytes(), "serpent": states["serpent"][0].memory_bytes()}
+    dlogits = first_step_difference(models, states)
+    ms = decode_blocks(args, models, states)
+    r = {key: median(values) for key, values in ms.items()}
+    r["mem_ours"], r["mem_serpent"] = states["ours"][0].memory_bytes(), states["serpent"][0].memory_bytes()
+    r["mem_hf"] = mamba_cache_bytes(states["hf"][0])
+    r["mem_changed"] = after_prefill != {"ours": r["mem_ours"], "serpent": r["mem_serpent"]}
+    r["dlogits"], r["same_prefill_token"] = dlogits, same_prefill_token
+    row = [ctx, f"{r['ours']:.2f}", f"{r['hf']:.2f}", f"{r['serpent']:.2f}", f"{r['hf'] / r['ours']:.1f}×"]
+    row += [f"{r[key] / MB:.3f}" for key in ("mem_ours", "mem_hf", "mem_serpent")] + [f"{dlogits:.1e}"]
+    prefill_text = f"{prefill_s['ours']:.3g} / {prefill_s['hf']:.3g} / {prefill_s['serpent']:.3g}"
+    return r, row, [ctx, prefill_text, *(fmt_list(ms[key]) for key in ("ours", "hf", "serpent"))]
 
 
 def section_decode(args, hf, ours, serpent, seed: int):
-    for m in (hf, ours, serpent):
-        m.eval()
+    """Section 4: per-token decode time and cache memory of both Mambas and SeRpEnt, per ``--decode-contexts``."""
+    models = {"ours": ours.eval(), "hf": hf.eval(), "serpent": serpent.eval()}
     rows, detail, results = [], [], {}
-    steps = args.decode_steps
     with torch.no_grad():
         for ctx in sorted(set(args.decode_contexts)):
-            prefill_s = {}
-            prefill_s["ours"], (ours_cache, ours_tok) = timed(
-                recurrent_prefill, ours, ctx, torch.Generator().manual_seed(seed + ctx)
-            )
-            prefill_s["hf"], (hf_cache, hf_tok) = timed(
-                mamba_prefill, hf, ctx, torch.Generator().manual_seed(seed + ctx)
-            )
-            prefill_s["serpent"], (serpent_cache, serpent_tok) = timed(
-                recurrent_prefill, serpent, ctx, torch.Generator().manual_seed(seed + ctx)
-            )
-            same_prefill_token = bool((ours_tok == hf_tok).all())
-            mem_after_prefill = {"ours": ours_cache.memory_bytes(), "serpent": serpent_cache.memory_bytes()}
-            # first decode step: the same token into both Mambas, logits compared
-            a = ours(ours_tok, cache=ours_cache, use_cache=True).logits[:, -1]
-            b = hf(ours_tok, use_cache=True, **{MAMBA_CACHE_FIELD: hf_cache}).logits[:, -1]
-            dlogits = (a - b).abs().max().item()
-            ours_tok, hf_tok = a.argmax(-1, keepdim=True), b.argmax(-1, keepdim=True)
-            ours_tok = recurrent_decode(ours, ours_cache, ours_tok, args.decode_warmup)
-            hf_tok = mamba_decode(hf, hf_cache, hf_tok, args.decode_warmup)
-            serpent_tok = recurrent_decode(serpent, serpent_cache, serpent_tok, args.decode_warmup)
-            ms = {"ours": [], "hf": [], "serpent": []}
-            for _ in range(args.decode_repeats):
-                seconds, ours_tok = timed(recurrent_decode, ours, ours_cache, ours_tok, steps)
-                ms["ours"].append(1e3 * seconds / steps)
-                seconds, hf_tok = timed(mamba_decode, hf, hf_cache, hf_tok, steps)
-                ms["hf"].append(1e3 * seconds / steps)
-                seconds, serpent_tok = timed(recurrent_decode, serpent, serpent_cache, serpent_tok, steps)
-                ms["serpent"].append(1e3 * seconds / steps)
-            r = {k: median(v) for k, v in ms.items()}
-            r["mem_ours"], r["mem_serpent"] = ours_cache.memory_bytes(), serpent_cache.memory_bytes()
-            r["mem_hf"] = mamba_cache_bytes(hf_cache)
-            r["mem_changed"] = mem_after_prefill != {"ours": r["mem_ours"], "serpent": r["mem_serpent"]}
-            r["dlogits"], r["same_prefill_token"] = dlogits, same_prefill_token
-            results[ctx] = r
-            row = [
-                ctx,
-                f"{r['ours']:.2f}",
-                f"{r['hf']:.2f}",
-                f"{r['serpent']:.2f}",
-                f"{r['hf'] / r['ours']:.1f}×",
-                f"{r['mem_ours'] / MB:.3f}",
-                f"{r['mem_hf'] / MB:.3f}",
-                f"{r['mem_serpent'] / MB:.3f}",
-                f"{dlogits:.1e}",
-            ]
+            results[ctx], row, detail_row = decode_context(args, models, ctx, seed)
             rows.append(row)
-            detail.append(
-                [
-                    ctx,
-                    f"{prefill_s['ours']:.3g} / {prefill_s['hf']:.3g} / {prefill_s['serpent']:.3g}",
-                    fmt_list(ms["ours"]),
-                    fmt_list(ms["hf"]),
-                    fmt_list(ms["serpent"]),
-                ]
-            )
+            detail.append(detail_row)
             print("  decode | " + " | ".join(str(c) for c in row), flush=True)
-            del ours_cache, hf_cache, serpent_cache
-    headers = [
-        "context",
-        "ssmhub Mamba ms/token",
-        "transformers Mamba ms/token",
-        "SeRpEnt [0.5, 0.1] ms/token",
-        "transformers ÷ ssmhub",
-        "ssmhub Mamba cache MB",
-        "transformers cache MB",
-        "SeRpEnt cache MB",
-        "first step max |Δ logits| (Mambas)",
+    return results, markdown_table(DECODE_HEADERS, rows), markdown_table(DECODE_DETAIL_HEADERS, detail)
+
+
+# --------------------------------------------------------------------------------------------- checks
+def training_checks(train: dict) -> list[str]:
+    """The training-step speed-up (target ≥ 20× at L 256, or the longest length transformers ran) and equal
+    outputs."""
+    ran = [L for L, r in train.items() if r["hf_s"] is not None]
+    if not ran:
+        return []
+    target_L = 256 if 256 in ran else max(ran)
+    r = train[target_L]
+    speedup = r["hf_s"] / r["ours_s"]
+    checked = [L for L in ran if "grads" in train[L]]
+    dloss = max(train[L]["dloss"] for L in checked)
+    dlogits = max(train[L]["dlogits"] for L in checked)
+    dgrad = max(max(train[L]["grads"].values()) for L in checked)
+    return [
+        check_line(
+            f"training step at L={target_L}: ssmhub ≥ 20× transformers' pure-PyTorch Mamba",
+            speedup >= 20,
+            f"{r['ours_s']:.3g} s vs {r['hf_s']:.3g} s per step = {speedup:.1f}×",
+        ),
+        check_line(
+            "equal outputs in training (|Δ loss| ≤ 1e-4, max |Δ logits| ≤ 1e-3, every gradient's max relative "
+            f"difference ≤ 1e-3; L = {', '.join(map(str, checked))})",
+            dloss <= 1e-4 and dlogits <= 1e-3 and dgrad <= 1e-3,
+            f"{dloss:.1e}, {dlogits:.1e}, {dgrad:.1e}",
+        ),
     ]
-    detail_table = markdown_table(
-        [
-            "context",
-            "prefill s, 1 run (ssmhub / transformers / SeRpEnt)",
-            "ssmhub ms/token per repeat",
-            "transformers ms/token per repeat",
-            "SeRpEnt ms/token per repeat",
-        ],
-        detail,
+
+
+def throughput_checks(tput: dict) -> list[str]:
+    """ssmhub's training throughput flat with length and at least GPT-2's."""
+    lens = sorted(tput)
+    lo, hi = lens[0], lens[-1]
+    return [
+        check_line(
+            f"ssmhub's training throughput flat from L={lo} to {hi} (every length within 0.8-1.25× of L={lo})",
+            all(0.8 <= tput[L]["flat"] <= 1.25 for L in lens),
+            ", ".join(f"L={L}: {tput[L]['ours_tps']:,.0f} tok/s ({tput[L]['flat']:.2f}×)" for L in lens),
+        ),
+        check_line(
+            "ssmhub's training throughput ≥ GPT-2's at every length",
+            all(tput[L]["ours_tps"] >= tput[L]["gpt2_tps"] for L in lens),
+            ", ".join(f"L={L}: {tput[L]['ours_tps'] / tput[L]['gpt2_tps']:.2f}×" for L in lens),
+        ),
+    ]
+
+
+def prefill_check(args, prefill: dict) -> list[str]:
+    """ssmhub's prefill faster than transformers' with equal final logits."""
+    return [
+        check_line(
+            f"prefill of {args.prefill_len} tokens: ssmhub faster than transformers, final logits equal (≤ 1e-3)",
+            prefill["ours_s"] < prefill["hf_s"] and prefill["dlogits"] <= 1e-3,
+            f"{prefill['hf_s'] / prefill['ours_s']:.1f}× faster, max |Δ| {prefill['dlogits']:.1e}",
+        )
+    ]
+
+
+def decode_checks(decode: dict) -> list[str]:
+    """Decode time flat with context, cache memory constant, and the two Mambas' first-step logits equal."""
+    ctxs = sorted(decode)
+    c_lo, c_hi = ctxs[0], ctxs[-1]
+    lines = []
+    for key, label in (("ours", "ssmhub Mamba"), ("hf", "transformers Mamba"), ("serpent", "SeRpEnt [0.5, 0.1]")):
+        growth = decode[c_hi][key] / decode[c_lo][key]
+        name = f"{label} decode ms/token flat with context (ctx {c_hi} within 1.2× of ctx {c_lo})"
+        lines.append(
+            check_line(name, growth <= 1.2, f"{decode[c_hi][key]:.2f} vs {decode[c_lo][key]:.2f} ms = {growth:.2f}×")
+        )
+    for key, label in (("mem_ours", "ssmhub Mamba"), ("mem_serpent", "SeRpEnt")):
+        sizes = sorted({decode[c][key] for c in ctxs})
+        changed = any(decode[c]["mem_changed"] for c in ctxs)
+        name = f"{label} cache memory identical at every context, after prefill and after decoding"
+        lines.append(check_line(name, len(sizes) == 1 and not changed, ", ".join(f"{s:,} B" for s in sizes)))
+    worst = max(decode[c]["dlogits"] for c in ctxs)
+    same = all(decode[c]["same_prefill_token"] for c in ctxs)
+    lines.append(
+        check_line(
+            "decode: same logits from the two Mambas' caches (first step after each prefill, ≤ 1e-3)",
+            worst <= 1e-3 and same,
+            f"max |Δ| {worst:.1e}; same greedy token after prefill at every context: {'yes' if same else 'NO'}",
+        )
     )
-    return results, markdown_table(headers, rows), detail_table
+    return lines
 
 
-# --------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- report
+def model_notes(args, hf, serpent, gpt2_params: int) -> str:
+    """The note on the three models' shapes and parameter counts."""
+    mcfg, scfg = hf.config, serpent.config
+    return (
+        f"- Models: Mamba hidden {mcfg.hidden_size}, {mcfg.num_hidden_layers} layers, state {mcfg.state_size}, expand "
+        f"{mcfg.expand} (inner {mcfg.intermediate_size}), Δ rank {mcfg.time_step_rank}, conv {mcfg.conv_kernel}, vocab "
+        f"{mcfg.vocab_size}, tied LM head: {num_params(hf):,} parameters in both implementations. GPT-2: n_embd "
+        f"{args.hidden}, {args.layers} layers, {args.heads} heads, MLP {4 * args.hidden}, n_positions "
+        f"{max(args.throughput_lens)}, dropout 0, sdpa: {gpt2_params:,} parameters. SeRpEnt: hidden "
+        f"{scfg.hidden_size} ({scfg.num_branches} branches of {scfg.branch_size}), resampling_rates "
+        f"{list(scfg.resampling_rates)}, window {scfg.resampling_window}: {num_params(serpent):,} parameters. "
+        "All randomly initialized (seeded)."
+    )
+
+
+def notes_text(args, models: tuple, run: dict) -> str:
+    """The notes: machine load, models, transformers' path, batch sizes, the handover check, threads and times."""
+    seconds = run["seconds"]
+    return "\n".join(
+        [
+            "- **The machine is shared with other jobs**: timings are noisy. Every time reported is a median "
+            "(sections 1-3: over the timed steps/runs; section 4: over blocks of steps); the per-repeat numbers "
+            "are at the end.",
+            model_notes(args, models[0], models[2], run["gpt2_params"]),
+            "- transformers' Mamba runs its reference PyTorch path: `use_mambapy=False`, and neither `mamba_ssm` nor "
+            "`causal_conv1d` is installed, so the scan is a Python loop over positions (backward quadratic in L).",
+            f"- Throughput tokens per step: batch = max(1, {args.tokens_per_step} // L).",
+            "- Prefill -> step-decoding handover (48-token prompt, 8 steps; max |logit diff| vs a full forward): "
+            + ", ".join(f"{k} {v:.1e}" for k, v in run["handover"].items())
+            + ".",
+            f"- Threads: `torch.set_num_threads({args.threads})`. Section wall times: training {seconds['train']:.0f} "
+            f"s, throughput {seconds['tput']:.0f} s, prefill {seconds['prefill']:.0f} s, decode "
+            f"{seconds['decode']:.0f} s; whole script {seconds['wall']:.0f} s.",
+        ]
+    )
+
+
+def run_sections(args, hf, ours, serpent, gen, script_start: float) -> dict:
+    """The four sections and the handover check; each section's wall time, and the script's, in ``seconds``."""
+    run, seconds = {}, {}
+    steps = {
+        "train": lambda: section_training(args, hf, ours, gen),
+        "tput": lambda: section_throughput(args, ours, gen),
+        "prefill": lambda: section_prefill(args, hf, ours, args.seed + 1),
+    }
+    for key, step in steps.items():
+        seconds[key], run[key] = timed(step)
+    with torch.no_grad():
+        run["handover"] = {
+            "ssmhub Mamba": handover_check(ours.eval(), gen),
+            "SeRpEnt": handover_check(serpent.eval(), gen),
+        }
+    seconds["decode"], run["decode"] = timed(section_decode, args, hf, ours, serpent, args.seed + 2)
+    run["gpt2_params"] = run["tput"][3]
+    run["seconds"] = {**seconds, "wall": time.perf_counter() - script_start}
+    return run
+
+
+def report_sections(args, run: dict, checks: list[str], notes: str) -> list[str]:
+    """The results file's sections, in order."""
+    _, train_table, grad_table, train_detail = run["train"]
+    _, tput_table, tput_detail, _ = run["tput"]
+    _, prefill_table, prefill_detail = run["prefill"]
+    _, decode_table, decode_detail = run["decode"]
+    return [
+        f"## 1. Training step (forward + backward, batch {args.batch}), same weights (medians)\n\n{train_table}",
+        "### Gradient agreement per parameter (max |g_ssmhub − g_transformers| / max |g_transformers|)\n\n"
+        + (grad_table or "transformers not run"),
+        "## 2. Training throughput vs length: ssmhub Mamba vs GPT-2 of the same width and depth (medians)\n\n"
+        + tput_table,
+        f"## 3. Prefill of a {args.prefill_len}-token prompt, batch 1, no grad, use_cache (medians)\n\n"
+        + prefill_table,
+        "## 4. Decode: per-token time and cache memory vs context, batch 1 (medians)\n\n" + decode_table,
+        "## Checks\n\n" + "\n".join(checks),
+        "## Notes\n\n" + notes,
+        "## Per-repeat detail\n\n"
+        + "\n\n".join([train_detail, tput_detail, "Prefill. " + prefill_detail, decode_detail]),
+    ]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -536,139 +713,17 @@ def main(argv=None) -> int:
         f"SeRpEnt params {num_params(serpent) / 1e6:.2f}M, threads {torch.get_num_threads()}",
         flush=True,
     )
-
-    t0 = time.perf_counter()
-    train, train_table, grad_table, train_detail = section_training(args, hf, ours, gen)
-    t_train = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    tput, tput_table, tput_detail, gpt2_params = section_throughput(args, ours, gen)
-    t_tput = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    prefill, prefill_table, prefill_detail = section_prefill(args, hf, ours, args.seed + 1)
-    t_prefill = time.perf_counter() - t0
-    with torch.no_grad():
-        handover = {"ssmhub Mamba": handover_check(ours.eval(), gen), "SeRpEnt": handover_check(serpent.eval(), gen)}
-    t0 = time.perf_counter()
-    decode, decode_table, decode_detail = section_decode(args, hf, ours, serpent, args.seed + 2)
-    t_decode = time.perf_counter() - t0
-    wall = time.perf_counter() - script_start
-
-    # ----------------------------------------------------------------------------------------- checks
-    checks = []
-
-    def check(name: str, ok: bool, measured: str) -> None:
-        checks.append(f"- [{'PASS' if ok else 'FAIL'}] {name}: {measured}")
-
-    ran = [L for L, r in train.items() if r["hf_s"] is not None]
-    target_L = 256 if 256 in ran else (max(ran) if ran else None)
-    if target_L is not None:
-        r = train[target_L]
-        speedup = r["hf_s"] / r["ours_s"]
-        check(
-            f"training step at L={target_L}: ssmhub ≥ 20× transformers' pure-PyTorch Mamba",
-            speedup >= 20,
-            f"{r['ours_s']:.3g} s vs {r['hf_s']:.3g} s per step = {speedup:.1f}×",
-        )
-        checked = [L for L in ran if "grads" in train[L]]
-        dloss = max(train[L]["dloss"] for L in checked)
-        dlogits = max(train[L]["dlogits"] for L in checked)
-        dgrad = max(max(train[L]["grads"].values()) for L in checked)
-        check(
-            "equal outputs in training (|Δ loss| ≤ 1e-4, max |Δ logits| ≤ 1e-3, every gradient's max relative "
-            f"difference ≤ 1e-3; L = {', '.join(map(str, checked))})",
-            dloss <= 1e-4 and dlogits <= 1e-3 and dgrad <= 1e-3,
-            f"{dloss:.1e}, {dlogits:.1e}, {dgrad:.1e}",
-        )
-    lens = sorted(tput)
-    lo, hi = lens[0], lens[-1]
-    flat = [tput[L]["flat"] for L in lens]
-    check(
-        f"ssmhub's training throughput flat from L={lo} to {hi} (every length within 0.8-1.25× of L={lo})",
-        all(0.8 <= f <= 1.25 for f in flat),
-        ", ".join(f"L={L}: {tput[L]['ours_tps']:,.0f} tok/s ({tput[L]['flat']:.2f}×)" for L in lens),
-    )
-    check(
-        "ssmhub's training throughput ≥ GPT-2's at every length",
-        all(tput[L]["ours_tps"] >= tput[L]["gpt2_tps"] for L in lens),
-        ", ".join(f"L={L}: {tput[L]['ours_tps'] / tput[L]['gpt2_tps']:.2f}×" for L in lens),
-    )
-    check(
-        f"prefill of {args.prefill_len} tokens: ssmhub faster than transformers, final logits equal (≤ 1e-3)",
-        prefill["ours_s"] < prefill["hf_s"] and prefill["dlogits"] <= 1e-3,
-        f"{prefill['hf_s'] / prefill['ours_s']:.1f}× faster, max |Δ| {prefill['dlogits']:.1e}",
-    )
-    ctxs = sorted(decode)
-    c_lo, c_hi = ctxs[0], ctxs[-1]
-    for key, label in (("ours", "ssmhub Mamba"), ("hf", "transformers Mamba"), ("serpent", "SeRpEnt [0.5, 0.1]")):
-        growth = decode[c_hi][key] / decode[c_lo][key]
-        check(
-            f"{label} decode ms/token flat with context (ctx {c_hi} within 1.2× of ctx {c_lo})",
-            growth <= 1.2,
-            f"{decode[c_hi][key]:.2f} vs {decode[c_lo][key]:.2f} ms = {growth:.2f}×",
-        )
-    for key, label in (("mem_ours", "ssmhub Mamba"), ("mem_serpent", "SeRpEnt")):
-        sizes = sorted({decode[c][key] for c in ctxs})
-        changed = any(decode[c]["mem_changed"] for c in ctxs)
-        check(
-            f"{label} cache memory identical at every context, after prefill and after decoding",
-            len(sizes) == 1 and not changed,
-            ", ".join(f"{s:,} B" for s in sizes),
-        )
-    worst_decode = max(decode[c]["dlogits"] for c in ctxs)
-    check(
-        "decode: same logits from the two Mambas' caches (first step after each prefill, ≤ 1e-3)",
-        worst_decode <= 1e-3 and all(decode[c]["same_prefill_token"] for c in ctxs),
-        f"max |Δ| {worst_decode:.1e}; same greedy token after prefill at every context: "
-        f"{'yes' if all(decode[c]['same_prefill_token'] for c in ctxs) else 'NO'}",
-    )
-
-    mcfg, scfg = hf.config, serpent.config
-    notes = [
-        "- **The machine is shared with other jobs**: timings are noisy. Every time reported is a median "
-        "(sections 1-3: over the timed steps/runs; section 4: over blocks of steps); the per-repeat numbers "
-        "are at the end.",
-        f"- Models: Mamba hidden {mcfg.hidden_size}, {mcfg.num_hidden_layers} layers, state {mcfg.state_size}, expand "
-        f"{mcfg.expand} (inner {mcfg.intermediate_size}), Δ rank {mcfg.time_step_rank}, conv {mcfg.conv_kernel}, vocab "
-        f"{mcfg.vocab_size}, tied LM head: {num_params(hf):,} parameters in both implementations. GPT-2: n_embd "
-        f"{args.hidden}, {args.layers} layers, {args.heads} heads, MLP {4 * args.hidden}, n_positions "
-        f"{max(args.throughput_lens)}, dropout 0, sdpa: {gpt2_params:,} parameters. SeRpEnt: hidden "
-        f"{scfg.hidden_size} ({scfg.num_branches} branches of {scfg.branch_size}), resampling_rates "
-        f"{list(scfg.resampling_rates)}, window {scfg.resampling_window}: {num_params(serpent):,} parameters. "
-        "All randomly initialized (seeded).",
-        "- transformers' Mamba runs its reference PyTorch path: `use_mambapy=False`, and neither `mamba_ssm` nor "
-        "`causal_conv1d` is installed, so the scan is a Python loop over positions (backward quadratic in L).",
-        f"- Throughput tokens per step: batch = max(1, {args.tokens_per_step} // L).",
-        "- Prefill -> step-decoding handover (48-token prompt, 8 steps; max |logit diff| vs a full forward): "
-        + ", ".join(f"{k} {v:.1e}" for k, v in handover.items())
-        + ".",
-        f"- Threads: `torch.set_num_threads({args.threads})`. Section wall times: training {t_train:.0f} s, "
-        f"throughput {t_tput:.0f} s, prefill {t_prefill:.0f} s, decode {t_decode:.0f} s; whole script "
-        f"{wall:.0f} s.",
-    ]
-    checks_text = "\n".join(checks)
-    notes_text = "\n".join(notes)
-    sections = [
-        f"## 1. Training step (forward + backward, batch {args.batch}), same weights (medians)\n\n{train_table}",
-        "### Gradient agreement per parameter (max |g_ssmhub − g_transformers| / max |g_transformers|)\n\n"
-        + (grad_table or "transformers not run"),
-        "## 2. Training throughput vs length: ssmhub Mamba vs GPT-2 of the same width and depth (medians)\n\n"
-        + tput_table,
-        f"## 3. Prefill of a {args.prefill_len}-token prompt, batch 1, no grad, use_cache (medians)\n\n"
-        + prefill_table,
-        "## 4. Decode: per-token time and cache memory vs context, batch 1 (medians)\n\n" + decode_table,
-        "## Checks\n\n" + checks_text,
-        "## Notes\n\n" + notes_text,
-        "## Per-repeat detail\n\n"
-        + "\n\n".join([train_detail, tput_detail, "Prefill. " + prefill_detail, decode_detail]),
-    ]
+    run = run_sections(args, hf, ours, serpent, gen, script_start)
+    checks = training_checks(run["train"][0]) + throughput_checks(run["tput"][0])
+    checks += prefill_check(args, run["prefill"][0]) + decode_checks(run["decode"][0])
+    sections = report_sections(args, run, checks, notes_text(args, (hf, ours, serpent), run))
     print()
     print("\n\n".join(sections))
     if not args.no_write:
-        path = write_report(
-            SCRIPT_NAME,
-            "ssmhub Mamba vs transformers' MambaForCausalLM (pure PyTorch): training step, throughput, prefill, decode",
-            sections,
+        title = (
+            "ssmhub Mamba vs transformers' MambaForCausalLM (pure PyTorch): training step, throughput, prefill, decode"
         )
+        path = write_report(SCRIPT_NAME, title, sections)
         print(f"\nwrote {path}")
     return 0
 

@@ -241,28 +241,37 @@ def fmt_ms(res: dict | None) -> str:
     return f"{median(res['total_ms']):.1f} (n={len(res['total_ms'])})"
 
 
-def kernel_choices(args, repeats: int = 21) -> str:
-    """Two elementwise choices behind the scan and the mixer, each against the PyTorch op it replaces.
+def paired_ratio(res: dict | None) -> str:
+    """The median of a peer's per-round time ratios to the selective_scan calls alternating with it."""
+    if res is None:
+        return "–"
+    return f"{median([m / f for m, f in zip(res['total_ms'], res['fast_ms'])]):.1f}×"
 
-    1. ``Ā = exp(Δ·A)`` on one chunk buffer (C, Bt, N, E): ``torch.exp`` vs ``torch.exp2`` of Δ·A·log₂e.
-    2. The mixer's causal depthwise conv (k = 4) + SiLU, forward + backward at (Bt, T = 256, E):
-       ``F.conv1d`` in the (Bt, E, T) layout (transpose, prepend k − 1 zeros, conv, SiLU, transpose back,
-       as transformers' MambaMixer and ssmhub before) vs :func:`ssmhub.ops.short_conv.causal_depthwise_conv`
-       in (Bt, T, E); both feed a downstream product with a (Bt, T, E) tensor, as the scan does.
-    Medians of ``repeats`` calls alternating between the two sides.
-    """
-    from ssmhub.ops.short_conv import causal_depthwise_conv
 
-    gen = torch.Generator().manual_seed(args.seed)
+def extra_peak(res: dict | None) -> str:
+    return "not run" if res is None else f"{res['extra_mib']:.0f}"
+
+
+# --------------------------------------------------------------------------------------------- kernel choices
+def decay_case(args, gen) -> tuple[tuple, str]:
+    """``Ā = exp(Δ·A)`` on one chunk buffer (C, Bt, N, E): ``torch.exp`` vs ``torch.exp2`` of Δ·A·log₂e, and
+    both ones' max relative error against float64 exp."""
     shape = (DEFAULT_CHUNK_SIZE, args.batch, args.state, args.channels)
     log_decay = -torch.rand(shape, generator=gen) * 4  # Δ·A in [−4, 0]
     log2_decay = log_decay * math.log2(math.e)
     out = torch.empty(shape)
     exact = torch.exp(log_decay.double())
-    rel = {
-        "exp": ((torch.exp(log_decay).double() - exact).abs() / exact).max().item(),
-        "exp2": ((torch.exp2(log2_decay).double() - exact).abs() / exact).max().item(),
-    }
+    rel_exp = ((torch.exp(log_decay).double() - exact).abs() / exact).max().item()
+    rel_exp2 = ((torch.exp2(log2_decay).double() - exact).abs() / exact).max().item()
+    sides = (lambda: torch.exp(log_decay, out=out), lambda: torch.exp2(log2_decay, out=out))
+    return sides, f"max rel. error vs float64 exp: exp {rel_exp:.1e}, exp2 {rel_exp2:.1e}"
+
+
+def conv_case(args, gen) -> tuple:
+    """The mixer's causal depthwise conv (k = 4) + SiLU, forward + backward at (Bt, T = 256, E): ``F.conv1d`` in
+    the (Bt, E, T) layout vs :func:`ssmhub.ops.short_conv.causal_depthwise_conv` in (Bt, T, E)."""
+    from ssmhub.ops.short_conv import causal_depthwise_conv
+
     seq_len, taps = 256, 4
     xz = torch.randn(args.batch, seq_len, 2 * args.channels, generator=gen)  # an in_proj output
     weight = torch.randn(args.channels, taps, generator=gen, requires_grad=True)
@@ -280,146 +289,149 @@ def kernel_choices(args, repeats: int = 21) -> str:
         y = F.silu(causal_depthwise_conv(u, weight, bias))
         (y * other).sum().backward()
 
-    cases = {
-        "exp": (lambda: torch.exp(log_decay, out=out), lambda: torch.exp2(log2_decay, out=out)),
-        "conv": (conv1d_path, short_conv_path),
-    }
+    return conv1d_path, short_conv_path
+
+
+def alternating_times(cases: dict, repeats: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Seconds of each case's (peer, ours) calls, ``repeats`` rounds alternating between every side."""
     times = {name: ([], []) for name in cases}
     for _ in range(repeats):
-        for name, (peer, ours) in cases.items():
-            for fn, bucket in ((peer, times[name][0]), (ours, times[name][1])):
+        for name, sides in cases.items():
+            for fn, bucket in zip(sides, times[name]):
                 start = time.perf_counter()
                 fn()
                 bucket.append(time.perf_counter() - start)
-    rows = []
-    for name, label_peer, label_ours, accuracy in (
-        (
-            "exp",
-            "torch.exp(Δ·A)",
-            "torch.exp2(Δ·A·log₂e)",
-            f"max rel. error vs float64 exp: exp {rel['exp']:.1e}, exp2 {rel['exp2']:.1e}",
-        ),
-        (
-            "conv",
+    return times
+
+
+def kernel_choices(args, repeats: int = 21) -> str:
+    """Two elementwise choices behind the scan and the mixer, each against the PyTorch op it replaces.
+
+    1. ``Ā = exp(Δ·A)`` on one chunk buffer (C, Bt, N, E): ``torch.exp`` vs ``torch.exp2`` of Δ·A·log₂e.
+    2. The mixer's causal depthwise conv (k = 4) + SiLU, forward + backward at (Bt, T = 256, E):
+       ``F.conv1d`` in the (Bt, E, T) layout (transpose, prepend k − 1 zeros, conv, SiLU, transpose back,
+       as transformers' MambaMixer and ssmhub before) vs :func:`ssmhub.ops.short_conv.causal_depthwise_conv`
+       in (Bt, T, E); both feed a downstream product with a (Bt, T, E) tensor, as the scan does.
+    Medians of ``repeats`` calls alternating between the two sides.
+    """
+    gen = torch.Generator().manual_seed(args.seed)
+    decay_sides, decay_accuracy = decay_case(args, gen)
+    cases = {"exp": decay_sides, "conv": conv_case(args, gen)}
+    times = alternating_times(cases, repeats)
+    labels = {
+        "exp": ("torch.exp(Δ·A)", "torch.exp2(Δ·A·log₂e)", decay_accuracy),
+        "conv": (
             "F.conv1d in (Bt, E, T) + transposes",
             "causal_depthwise_conv in (Bt, T, E)",
             "equal to conv1d in tests/ops/test_short_conv.py (1e-12, float64)",
         ),
-    ):
+    }
+    rows = []
+    for name, (label_peer, label_ours, accuracy) in labels.items():
         peer_ms, ours_ms = 1e3 * median(times[name][0]), 1e3 * median(times[name][1])
         rows.append([label_peer, f"{peer_ms:.3f}", label_ours, f"{ours_ms:.3f}", f"{peer_ms / ours_ms:.1f}×", accuracy])
     return markdown_table(["PyTorch op", "ms", "ssmhub's choice", "ms", "speed-up", "accuracy"], rows)
 
 
-def main_selective(args) -> int:
+# --------------------------------------------------------------------------------------------- selective: tables
+SELECTIVE_HEADERS = [
+    "T",
+    "selective_scan ms",
+    "selective_scan_ref ms",
+    "transformers ms",
+    "ref / fast (paired)",
+    "transformers / fast (paired)",
+    "fast fwd ms",
+    "fast µs per step",
+]
+MEMORY_HEADERS = [
+    "T",
+    "one (Bt, T, E, N) fp32 tensor MiB",
+    "fast extra peak MiB",
+    "ref extra peak MiB",
+    "transformers extra peak MiB",
+]
+AGREEMENT_HEADERS = ["T", "max abs diff fast vs ref", "max abs diff transformers vs ref", "max abs ref"]
+ALTERNATIVE_HEADERS = [
+    "T",
+    "cumsum chunk",
+    "cumsum ms",
+    f"cumsum / selective_scan (chunk {DEFAULT_CHUNK_SIZE}), paired",
+    "cumsum extra peak MiB",
+    "selective_scan extra peak MiB",
+]
+
+
+def run_length(args, results: dict, predicted: dict, seq_len: int) -> None:
+    """selective_scan at ``seq_len``, then each loop peer unless the previous length's call, scaled by
+    (T / T_prev)², predicts more than ``--slow-seconds`` (then its result is None)."""
+    results[("fast", seq_len)] = run_worker(args, "fast", seq_len)
+    for peer in PEERS:
+        prev = [(t, results[(peer, t)]) for t in args.lengths if t < seq_len and results.get((peer, t))]
+        if prev:
+            t_prev, r_prev = prev[-1]
+            predicted[(peer, seq_len)] = r_prev["warm_s"] * (seq_len / t_prev) ** 2
+        too_slow = predicted.get((peer, seq_len), 0.0) > args.slow_seconds
+        results[(peer, seq_len)] = None if too_slow else run_worker(args, peer, seq_len)
+
+
+def length_rows(args, results: dict, seq_len: int) -> tuple[list, list, list]:
+    """The results, memory and agreement rows of one length."""
+    fast, ref, hf = (results[(m, seq_len)] for m in ("fast", *PEERS))
+    t_fast = median(fast["total_ms"])
+    row = [seq_len, fmt_ms(fast), fmt_ms(ref), fmt_ms(hf), paired_ratio(ref), paired_ratio(hf)]
+    row += [f"{median(fast['forward_ms']):.1f}", f"{1e3 * t_fast / seq_len:.0f}"]
+    print("  " + " | ".join(str(c) for c in row), flush=True)
+    state_mib = args.batch * seq_len * args.channels * args.state * 4 / 2**20
+    memory_row = [seq_len, f"{state_mib:.0f}", extra_peak(fast), extra_peak(ref), extra_peak(hf)]
+    diff_fast, diff_hf, scale = agreement(args, seq_len)
+    return row, memory_row, [seq_len, f"{diff_fast:.2e}", f"{diff_hf:.2e}", f"{scale:.2f}"]
+
+
+def speed_tables(args) -> tuple[dict, dict, str, str, str]:
+    """The measurement against the loop peers at every ``--lengths``: results and predictions per (method, T), and
+    the results, memory and agreement tables."""
     results: dict[tuple[str, int], dict | None] = {}
     predicted: dict[tuple[str, int], float] = {}
     rows, memory_rows, agree_rows = [], [], []
     for seq_len in args.lengths:
-        results[("fast", seq_len)] = run_worker(args, "fast", seq_len)
-        for peer in PEERS:
-            prev = [(t, results[(peer, t)]) for t in args.lengths if t < seq_len and results.get((peer, t))]
-            if prev:
-                t_prev, r_prev = prev[-1]
-                predicted[(peer, seq_len)] = r_prev["warm_s"] * (seq_len / t_prev) ** 2
-            if predicted.get((peer, seq_len), 0.0) > args.slow_seconds:
-                results[(peer, seq_len)] = None
-            else:
-                results[(peer, seq_len)] = run_worker(args, peer, seq_len)
-        fast, ref, hf = (results[(m, seq_len)] for m in ("fast", *PEERS))
-        t_fast = median(fast["total_ms"])
-
-        def ratio(res):
-            if res is None:
-                return "–"
-            return f"{median([m / f for m, f in zip(res['total_ms'], res['fast_ms'])]):.1f}×"
-
-        row = [
-            seq_len,
-            fmt_ms(fast),
-            fmt_ms(ref),
-            fmt_ms(hf),
-            ratio(ref),
-            ratio(hf),
-            f"{median(fast['forward_ms']):.1f}",
-            f"{1e3 * t_fast / seq_len:.0f}",
-        ]
+        run_length(args, results, predicted, seq_len)
+        row, memory_row, agree_row = length_rows(args, results, seq_len)
         rows.append(row)
-        print("  " + " | ".join(str(c) for c in row), flush=True)
-        state_mib = args.batch * seq_len * args.channels * args.state * 4 / 2**20
+        memory_rows.append(memory_row)
+        agree_rows.append(agree_row)
+    tables = (markdown_table(h, r) for h, r in ((SELECTIVE_HEADERS, rows), (MEMORY_HEADERS, memory_rows)))
+    return results, predicted, *tables, markdown_table(AGREEMENT_HEADERS, agree_rows)
 
-        def extra(res):
-            return "not run" if res is None else f"{res['extra_mib']:.0f}"
 
-        memory_rows.append([seq_len, f"{state_mib:.0f}", extra(fast), extra(ref), extra(hf)])
-        diff_fast, diff_hf, scale = agreement(args, seq_len)
-        agree_rows.append([seq_len, f"{diff_fast:.2e}", f"{diff_hf:.2e}", f"{scale:.2f}"])
-
-    sweep_rows = []
+def sweep_table(args) -> str:
+    """selective_scan's time per chunk size at every ``--sweep-lengths``, the best marked."""
+    rows = []
     for seq_len in args.sweep_lengths:
         times = sweep_worker(args, seq_len)
         best = min(median(v) for v in times.values())
         cells = [f"{median(times[c]):.1f}" + (" (best)" if median(times[c]) == best else "") for c in args.sweep_chunks]
-        sweep_rows.append([seq_len, *cells])
-        print("  sweep " + " | ".join(str(c) for c in sweep_rows[-1]), flush=True)
+        rows.append([seq_len, *cells])
+        print("  sweep " + " | ".join(str(c) for c in rows[-1]), flush=True)
+    return markdown_table(["T", *[f"chunk {c} ms" for c in args.sweep_chunks]], rows)
 
-    alt_rows = []
+
+def alternative_table(args, results: dict) -> str:
+    """The cumsum scan per ``--alt-chunks`` at every ``--alt-lengths``, against selective_scan."""
+    rows = []
     for seq_len in args.alt_lengths:
         fast = results.get(("fast", seq_len)) or run_worker(args, "fast", seq_len)
         for chunk in args.alt_chunks:
             alt = run_worker(args, "cumsum", seq_len, chunk)
-            alt_rows.append(
-                [
-                    seq_len,
-                    chunk,
-                    fmt_ms(alt),
-                    f"{median([m / f for m, f in zip(alt['total_ms'], alt['fast_ms'])]):.1f}×",
-                    f"{alt['extra_mib']:.0f}",
-                    f"{fast['extra_mib']:.0f}",
-                ]
-            )
-            print("  alt " + " | ".join(str(c) for c in alt_rows[-1]), flush=True)
-    extreme = extreme_decay_check(args)
-    kernels = kernel_choices(args)
+            rows.append([seq_len, chunk, fmt_ms(alt), paired_ratio(alt)])
+            rows[-1] += [f"{alt['extra_mib']:.0f}", f"{fast['extra_mib']:.0f}"]
+            print("  alt " + " | ".join(str(c) for c in rows[-1]), flush=True)
+    return markdown_table(ALTERNATIVE_HEADERS, rows)
 
-    table = markdown_table(
-        [
-            "T",
-            "selective_scan ms",
-            "selective_scan_ref ms",
-            "transformers ms",
-            "ref / fast (paired)",
-            "transformers / fast (paired)",
-            "fast fwd ms",
-            "fast µs per step",
-        ],
-        rows,
-    )
-    memory = markdown_table(
-        [
-            "T",
-            "one (Bt, T, E, N) fp32 tensor MiB",
-            "fast extra peak MiB",
-            "ref extra peak MiB",
-            "transformers extra peak MiB",
-        ],
-        memory_rows,
-    )
-    agree = markdown_table(
-        ["T", "max abs diff fast vs ref", "max abs diff transformers vs ref", "max abs ref"], agree_rows
-    )
-    sweep = markdown_table(["T", *[f"chunk {c} ms" for c in args.sweep_chunks]], sweep_rows)
-    alt_table = markdown_table(
-        [
-            "T",
-            "cumsum chunk",
-            "cumsum ms",
-            f"cumsum / selective_scan (chunk {DEFAULT_CHUNK_SIZE}), paired",
-            "cumsum extra peak MiB",
-            "selective_scan extra peak MiB",
-        ],
-        alt_rows,
-    )
+
+# --------------------------------------------------------------------------------------------- selective: report
+def selective_notes(args, results: dict, predicted: dict) -> str:
+    """Shapes, threads, the peers left out, and why transformers' loop is slow."""
     skipped = [
         f"{peer} at T = {t} (predicted {predicted[(peer, t)]:.0f} s per call)"
         for (peer, t), res in results.items()
@@ -439,12 +451,12 @@ def main_selective(args) -> int:
         "full-size zero gradient per step (O(T²) memory traffic); selective_scan_ref uses unbind, which avoids that.",
         f"- selective_scan default chunk size: {DEFAULT_CHUNK_SIZE} (see the sweep).",
     ]
-    sections = [
-        "## Results (forward + backward, medians)\n\n" + table,
-        "## Notes\n\n" + "\n".join(notes),
-        "## Memory\n\nextra peak MiB: peak RSS over the method's first (warm-up) forward + backward minus the RSS "
-        "just before it, in a fresh process (counts autograd buffers, gradients and temporaries).\n\n" + memory,
-        "## Chunk-size sweep (selective_scan forward + backward ms, medians, round-robin)\n\n" + sweep,
+    return "\n".join(notes)
+
+
+def alternatives_section(alt_table: str, extreme: dict[str, str]) -> str:
+    """The cumsum scan's section: its speed and memory, and whether it survives extreme decay."""
+    return (
         "## Alternatives: time-parallel cumsum scan inside chunks\n\n"
         "The chunked cumulative-log-decay scan (`cumsum_scan` in this script), i.e. the 'matmul/cumsum "
         "within chunks' form: both within-chunk cumulative sums are (C, C) lower-triangular matmuls (3-4× "
@@ -455,7 +467,24 @@ def main_selective(args) -> int:
         + "\n\nExtreme decay (Bt = 1, T = 128, E = 8, N = 16, Δ = 4 with A down to −16, so Σ Δ·A over a chunk "
         "reaches −64·C, i.e. −1024 at C = 16; plus a Δ = 0 run): "
         + "; ".join(f"{k}: {v}" for k, v in extreme.items())
-        + ".",
+        + "."
+    )
+
+
+def main_selective(args) -> int:
+    """The selective scan's measurements in order: against the loop peers, the chunk sweep, the cumsum
+    alternative, extreme decay, the kernel choices; then the report."""
+    results, predicted, table, memory, agree = speed_tables(args)
+    sweep = sweep_table(args)
+    alternatives = alternatives_section(alternative_table(args, results), extreme_decay_check(args))
+    kernels = kernel_choices(args)
+    sections = [
+        "## Results (forward + backward, medians)\n\n" + table,
+        "## Notes\n\n" + selective_notes(args, results, predicted),
+        "## Memory\n\nextra peak MiB: peak RSS over the method's first (warm-up) forward + backward minus the RSS "
+        "just before it, in a fresh process (counts autograd buffers, gradients and temporaries).\n\n" + memory,
+        "## Chunk-size sweep (selective_scan forward + backward ms, medians, round-robin)\n\n" + sweep,
+        alternatives,
         "## Agreement (batch 1, forward, float32)\n\n" + agree,
         f"## Kernel choices (Bt = {args.batch}, E = {args.channels}, N = {args.state}; medians of 21 alternating calls)"
         "\n\nThe decay of one chunk buffer (C = "

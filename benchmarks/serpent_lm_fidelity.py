@@ -59,12 +59,18 @@ from ssmhub.models.serpent import SerpentConfig
 from ssmhub.models.serpent.modeling_serpent import SerpentForCausalLM
 
 SYMMETRIC = "serpent-symmetric"
+PAPER_LAYOUT = {"branch_layout": "concatenated"}  # the paper's branches (Eq. 15b), which these results measured
 MODELS = {  # name: model_config overrides
     "mamba": MAMBA_SIZE,
-    "serpent-causal": {**SERPENT_SIZE, "resampling_mode": "causal"},
-    SYMMETRIC: {**SERPENT_SIZE, "resampling_mode": "faithful"},
-    "serpent-causal-k5": {**SERPENT_K5_SIZE, "resampling_mode": "causal"},
-    "serpent-causal-nocompress": {**SERPENT_SIZE, "resampling_rates": [1.0, 1.0], "resampling_mode": "causal"},
+    "serpent-causal": {**SERPENT_SIZE, **PAPER_LAYOUT, "resampling_mode": "causal"},
+    SYMMETRIC: {**SERPENT_SIZE, **PAPER_LAYOUT, "resampling_mode": "faithful"},
+    "serpent-causal-k5": {**SERPENT_K5_SIZE, **PAPER_LAYOUT, "resampling_mode": "causal"},
+    "serpent-causal-nocompress": {
+        **SERPENT_SIZE,
+        **PAPER_LAYOUT,
+        "resampling_rates": [1.0, 1.0],
+        "resampling_mode": "causal",
+    },
 }
 DEFAULT_MODELS = ["mamba", "serpent-causal", SYMMETRIC]
 PAPER_TOP1_GAIN = 38.3 - 37.1  # SeRpEnt minus Mamba, WikiText-103 top-1 % (arXiv 2501.11729 Table 2)
@@ -261,9 +267,9 @@ def branch_reach(branch, x) -> dict:
 
 
 PARAMETER_GROUPS = {  # group: what its parameter names contain (first match wins)
-    "window maps θ_Γ": (".compress.",),
+    "window maps θ_Γ": (".compress.", ".window_proj.", ".output_proj."),  # additive: with the projections H ↔ H_b
     "base Mamba": (".base.",),
-    "branch Mambas": ("resampled.",),
+    "branch Mambas": ("resampled.", ".branch_mamba."),
     "embeddings, norms, head": ("",),
 }
 

@@ -199,65 +199,52 @@ def timed_run(config, warmup: int, verbose: bool) -> list[float]:
     return [stamps[k] - stamps[k - 1] for k in range(warmup + 1, last + 1)]
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.data_dir is None and not os.environ.get("SSMHUB_DATA_DIR"):
-        print("note: neither --data-dir nor $SSMHUB_DATA_DIR is set; the trainer will try the Hugging Face Hub")
+def check_args(args) -> list[int]:
+    """The sorted lengths; exits naming the flag where ``--tokens-per-step``, ``--warmup`` or ``--steps`` fail."""
     seq_lens = sorted(set(args.seq_lens))
     for seq_len in seq_lens:
         if args.tokens_per_step % seq_len:
             raise SystemExit(f"--tokens-per-step {args.tokens_per_step} is not a multiple of seq_len {seq_len}")
     if args.warmup < 1 or args.steps < 1:
         raise SystemExit("--warmup and --steps must be at least 1")
-    configs = model_configs(args)
-    fam, label = args.family, FAMILY_LABELS[args.family]
-    models = (fam, "gpt2")
-    script_start = time.perf_counter()
+    return seq_lens
 
-    with tempfile.TemporaryDirectory(prefix="train_throughput.") as workdir:
-        tokenizer = build_tokenizer(args, workdir)
-        facts = {m: model_facts(make_config(args, m, configs[m], seq_lens[0], tokenizer, workdir)) for m in models}
-        print(f"{label}: {facts[fam][0]:,} parameters", flush=True)
-        print(f"GPT-2: {facts['gpt2'][0]:,} parameters, attention implementation: {facts['gpt2'][1]}", flush=True)
-        if facts["gpt2"][1] != "sdpa":
-            print(f"  note: GPT-2 attention is {facts['gpt2'][1]!r}, not sdpa")
 
-        rows, detail_rows, results = [], [], {}
-        for seq_len in seq_lens:
-            batch = args.tokens_per_step // seq_len
-            times: dict[str, list[float]] = {m: [] for m in models}
-            for _ in range(args.repeats):
-                for m in models:
-                    out = os.path.join(workdir, f"{m}-{seq_len}")
-                    config = make_config(args, m, configs[m], seq_len, tokenizer, out)
-                    step_times = timed_run(config, args.warmup, args.verbose)
-                    times[m] += step_times
-            ours_s, gpt2_s = median(times[fam]), median(times["gpt2"])
-            tokens = batch * seq_len
-            ours_tps, gpt2_tps = tokens / ours_s, tokens / gpt2_s
-            results[seq_len] = (ours_tps, gpt2_tps)
-            row = [
-                seq_len,
-                batch,
-                f"{ours_tps:,.0f}",
-                f"{gpt2_tps:,.0f}",
-                f"{ours_tps / gpt2_tps:.2f}×",
-                f"{1e3 * ours_s:.0f}",
-                f"{1e3 * gpt2_s:.0f}",
-            ]
-            rows.append(row)
-            detail_rows.append(
-                [
-                    seq_len,
-                    ", ".join(f"{1e3 * t:.0f}" for t in times[fam]),
-                    ", ".join(f"{1e3 * t:.0f}" for t in times["gpt2"]),
-                ]
-            )
-            print("  " + " | ".join(str(c) for c in row), flush=True)
+def print_model_facts(label: str, facts: dict, family: str) -> None:
+    """Parameter counts of both models and GPT-2's attention implementation."""
+    print(f"{label}: {facts[family][0]:,} parameters", flush=True)
+    print(f"GPT-2: {facts['gpt2'][0]:,} parameters, attention implementation: {facts['gpt2'][1]}", flush=True)
+    if facts["gpt2"][1] != "sdpa":
+        print(f"  note: GPT-2 attention is {facts['gpt2'][1]!r}, not sdpa")
 
-    total_s = time.perf_counter() - script_start
+
+def measure_length(args, configs: dict, tokenizer: str, workdir: str, seq_len: int) -> tuple[list, list]:
+    """One length: ``--repeats`` interleaved runs of each model; its results row and its per-step detail row."""
+    fam = args.family
+    times: dict[str, list[float]] = {m: [] for m in (fam, "gpt2")}
+    for _ in range(args.repeats):
+        for m in times:
+            config = make_config(args, m, configs[m], seq_len, tokenizer, os.path.join(workdir, f"{m}-{seq_len}"))
+            times[m] += timed_run(config, args.warmup, args.verbose)
+    batch = args.tokens_per_step // seq_len
+    ours_s, gpt2_s = median(times[fam]), median(times["gpt2"])
+    ours_tps, gpt2_tps = batch * seq_len / ours_s, batch * seq_len / gpt2_s
+    row = [
+        seq_len,
+        batch,
+        f"{ours_tps:,.0f}",
+        f"{gpt2_tps:,.0f}",
+        f"{ours_tps / gpt2_tps:.2f}×",
+        f"{1e3 * ours_s:.0f}",
+        f"{1e3 * gpt2_s:.0f}",
+    ]
+    detail = [seq_len, *(", ".join(f"{1e3 * t:.0f}" for t in times[m]) for m in (fam, "gpt2"))]
+    print("  " + " | ".join(str(c) for c in row), flush=True)
+    return row, detail
+
+
+def results_tables(label: str, rows: list, detail_rows: list) -> tuple[str, str]:
+    """The medians table and the per-step detail table."""
     headers = [
         "seq_len",
         "batch",
@@ -267,21 +254,38 @@ def main(argv=None) -> int:
         f"{label} ms/step",
         "GPT-2 ms/step",
     ]
-    table = markdown_table(headers, rows)
-    detail = markdown_table(["seq_len", f"{label} ms per timed step", "GPT-2 ms per timed step"], detail_rows)
-    (ours_params, _), (gpt2_params, gpt2_attn) = facts[fam], facts["gpt2"]
+    detail_headers = ["seq_len", f"{label} ms per timed step", "GPT-2 ms per timed step"]
+    return markdown_table(headers, rows), markdown_table(detail_headers, detail_rows)
+
+
+def model_notes(args, label: str, configs: dict, facts: dict) -> list[str]:
+    """The notes on the two models: configs, tokenizer, parameters, attention and activation."""
+    (ours_params, _), (gpt2_params, gpt2_attn) = facts[args.family], facts["gpt2"]
     vocab_text = (
         f"the tokenizer at `{args.tokenizer}`"
         if args.tokenizer
         else f"a byte-level BPE of {args.vocab_size} tokens trained once on the WikiText-2 train split"
     )
-    notes = [
-        f"- Models: {label} `{configs[fam]}`; GPT-2 `{configs['gpt2']}`. Both use {vocab_text}, passed to every run "
-        "as `tokenizer`, and tie the LM head to the token embeddings.",
+    n_positions = configs["gpt2"]["n_positions"]
+    gelu_new = " (GPT-2's own, the tanh approximation, computed by transformers as several elementwise ops)."
+    return [
+        f"- Models: {label} `{configs[args.family]}`; GPT-2 `{configs['gpt2']}`. Both use {vocab_text}, passed to "
+        "every run as `tokenizer`, and tie the LM head to the token embeddings.",
         f"- Parameters: {label} {ours_params:,} ({ours_params / 1e6:.2f}M); "
-        f"GPT-2 {gpt2_params:,} ({gpt2_params / 1e6:.2f}M, "
-        f"of which {configs['gpt2']['n_positions'] * args.hidden / 1e6:.2f}M position embeddings for "
-        f"n_positions={configs['gpt2']['n_positions']}).",
+        f"GPT-2 {gpt2_params:,} ({gpt2_params / 1e6:.2f}M, of which {n_positions * args.hidden / 1e6:.2f}M position "
+        f"embeddings for n_positions={n_positions}).",
+        f"- GPT-2 attention runs with transformers' `{gpt2_attn}` implementation (torch "
+        "`scaled_dot_product_attention`, causal, on CPU); GPT-2 dropout is "
+        f"{args.gpt2_dropout} and {label}'s is 0. {label}'s sequence mixing is its FFT long convolution in "
+        "training mode.",
+        f"- MLP activation: {label}'s is the exact GELU (one fused op); GPT-2's is `{args.gpt2_activation}`"
+        + (gelu_new if args.gpt2_activation == "gelu_new" else "."),
+    ]
+
+
+def method_notes(args, label: str, total_s: float) -> list[str]:
+    """The notes on what is timed, the threads and the script's wall time."""
+    return [
         "- Same training code for both: `ssmhub.training.train` with identical options (AdamW, warmup + cosine "
         "schedule, grad-norm clipping 1.0, fp32, `cpu=True`, `eval_steps=0`, `save_steps=0`); only `model_type` and "
         "`model_config` differ.",
@@ -293,38 +297,50 @@ def main(argv=None) -> int:
         "then one more untimed step (the trainer evaluates after its last step). "
         f"{args.repeats} run(s) per model and length, interleaved {label} / GPT-2; medians over all timed steps. "
         "Data loading, tokenization, model build and the final save are not timed.",
-        f"- GPT-2 attention runs with transformers' `{gpt2_attn}` implementation (torch "
-        "`scaled_dot_product_attention`, causal, on CPU); GPT-2 dropout is "
-        f"{args.gpt2_dropout} and {label}'s is 0. {label}'s sequence mixing is its FFT long convolution in "
-        "training mode.",
-        f"- MLP activation: {label}'s is the exact GELU (one fused op); GPT-2's is `{args.gpt2_activation}`"
-        + (
-            " (GPT-2's own, the tanh approximation, computed by transformers as several elementwise ops)."
-            if args.gpt2_activation == "gelu_new"
-            else "."
-        ),
         f"- Threads: torch.get_num_threads() = {torch.get_num_threads()}. The machine is shared; individual steps "
         "are noisy (see the per-step detail).",
         f"- Whole script wall time: {total_s:.0f} s.",
     ]
-    notes_text = "\n".join(notes)
-    print()
-    print(table)
-    print()
-    print(notes_text)
-    print()
-    print(detail)
-    if not args.no_write:
-        path = write_report(
-            args.name or (SCRIPT_NAME if fam == "dlr" else f"{SCRIPT_NAME}_{fam}"),
-            f"Training throughput vs sequence length: {label} vs GPT-2 (same trainer)",
-            [
-                "## Results (medians)\n\n" + table,
-                "## Notes\n\n" + notes_text,
-                "## Per-step detail (ms)\n\n" + detail,
-            ],
-        )
-        print(f"\nwrote {path}")
+
+
+def notes_text(args, label: str, configs: dict, facts: dict, total_s: float) -> str:
+    """The notes in the results file's order."""
+    models, method = model_notes(args, label, configs, facts), method_notes(args, label, total_s)
+    return "\n".join([models[0], models[1], *method[:3], models[2], models[3], *method[3:]])
+
+
+def report(args, label: str, table: str, notes: str, detail: str) -> None:
+    """Prints the tables and notes; writes ``results/<name>.md`` unless ``--no-write``."""
+    print(f"\n{table}\n\n{notes}\n\n{detail}")
+    if args.no_write:
+        return
+    path = write_report(
+        args.name or (SCRIPT_NAME if args.family == "dlr" else f"{SCRIPT_NAME}_{args.family}"),
+        f"Training throughput vs sequence length: {label} vs GPT-2 (same trainer)",
+        ["## Results (medians)\n\n" + table, "## Notes\n\n" + notes, "## Per-step detail (ms)\n\n" + detail],
+    )
+    print(f"\nwrote {path}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.data_dir is None and not os.environ.get("SSMHUB_DATA_DIR"):
+        print("note: neither --data-dir nor $SSMHUB_DATA_DIR is set; the trainer will try the Hugging Face Hub")
+    seq_lens = check_args(args)
+    configs, label = model_configs(args), FAMILY_LABELS[args.family]
+    script_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="train_throughput.") as workdir:
+        tokenizer = build_tokenizer(args, workdir)
+        facts = {
+            m: model_facts(make_config(args, m, configs[m], seq_lens[0], tokenizer, workdir))
+            for m in (args.family, "gpt2")
+        }
+        print_model_facts(label, facts, args.family)
+        measured = [measure_length(args, configs, tokenizer, workdir, seq_len) for seq_len in seq_lens]
+    table, detail = results_tables(label, [row for row, _ in measured], [detail for _, detail in measured])
+    report(args, label, table, notes_text(args, label, configs, facts, time.perf_counter() - script_start), detail)
     return 0
 
 

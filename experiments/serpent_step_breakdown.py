@@ -33,15 +33,14 @@ def prefix_step(pieces: int):
 
     def step(w, x_t, state, mask_t):
         batch, branches = state["clock"].shape
-        zeros = x_t.new_zeros(batch, branches, w.compress_weight.shape[-1])
+        zeros = x_t.new_zeros(batch, branches, w.branches[0].branch_size)
         if pieces == 0:
             return zeros, state
         steps = s._steps(w, x_t)  # (B, R)
         if pieces == 1:
             return zeros, state
         stream = ResamplingState(*(state[name] for name in s.STREAM_FIELDS))
-        x_rows = x_t.float()[:, None].expand(batch, branches, x_t.shape[-1])  # (B, R, H)
-        stream, emission = resampling_step(stream, x_rows, steps, w.lattice, mask_t)
+        stream, emission = resampling_step(stream, s._window_inputs(w, x_t), steps, w.lattice, mask_t)  # (B, R, W)
         state = {**state, **stream._asdict()}
         if pieces == 2:
             return zeros, state

@@ -6,7 +6,7 @@ branch's streaming clock, window and Mamba state. This script times, interleaved
 - decode: ms/token of greedy steps after a prompt, batch 1, at each context (median of repeats);
 - training: seconds of a forward + backward at each length (median of repeats);
 
-for SeRpEnt [0.5, 0.1] at width W − W mod 3 (three branches) and Mamba (SeRpEnt with no resampling branch) at
+for SeRpEnt [0.5, 0.1] at width W − W mod 3 (its default branch layout) and Mamba (SeRpEnt with no resampling branch) at
 width W, W × layers as given, and reports SeRpEnt ÷ Mamba. Every round runs in a fresh worker process;
 ``--before-src DIR`` also runs the workers on another source tree of ssmhub (e.g. ``git archive`` of an earlier
 commit, its ``src``), round by round with the current one, to show a change's effect in the same run.
@@ -210,10 +210,14 @@ def main(argv=None) -> int:
             ratio, spread = f"**{median(ratios):.2f}×**", f"{min(ratios):.2f}–{max(ratios):.2f}"
             rows.append([measure, label, *values, ratio, spread])
     headers = ["measure", "source", "Mamba", "SeRpEnt [0.5, 0.1]", "SeRpEnt ÷ Mamba (median of rounds)", "range"]
+    import ssmhub
+
     width = args.width - args.width % 3
     text = (
-        f"Mamba: width {args.width}; SeRpEnt: width {width} (a base branch and κ = 0.5, 0.1, each of width "
-        f"{width // 3}); {args.layers} layers, state 16, expand 2, vocabulary {args.vocab_size}; batch 1 decode "
+        f"Mamba: width {args.width}; SeRpEnt: width {width}, κ = 0.5, 0.1 in SerpentConfig's default "
+        f"branch_layout ({ssmhub.SerpentConfig().branch_layout!r}: additive, a whole base Mamba and branches of width "
+        f"{width // 8}; concatenated, before issue 53: three branches of width {width // 3}); "
+        f"{args.layers} layers, state 16, expand 2, vocabulary {args.vocab_size}; batch 1 decode "
         f"of {args.steps} greedy steps after a random prompt; training: forward + backward of batch "
         f"max(1, {args.train_tokens} // L). Each of {args.rounds} rounds is a fresh process per source tree, "
         f"{args.repeats} repeats per model inside it, models interleaved; one thread."

@@ -31,6 +31,16 @@ if os.environ.get(TEST_DEVICE_ENV, "cpu") != "cpu":
     _run_tests_on(os.environ[TEST_DEVICE_ENV])
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (``pytestmark = pytest.mark.usefixtures("one_thread")``): small batched LAPACK
+    calls (the modal fits, the Hankel eigensolvers) run fastest and steadiest so on a shared 2-core CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _token_cache_in_tmp(tmp_path_factory):
     previous = os.environ.get(CACHE_DIR_ENV)

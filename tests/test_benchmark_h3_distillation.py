@@ -55,3 +55,14 @@ def test_configs_parse_with_and_without_a_tolerance():
     assert _parse_config("hankel:16:0.05") == ("hankel", 16, 0.05)
     args = parse_args(["--model", "m", "--modes", "8", "16"])
     assert args.truncate_taps == [64] and args.configs is None
+
+
+def test_speed_benchmark_rows_compare_the_two_eigensolvers_on_the_same_channels():
+    from h3_distillation_speed import measure_size
+    from h3_distillation_speed import parse_args as speed_args
+
+    args = speed_args(["--sizes", "16x1", "--modes", "4", "--max-kernel-length", "320", "--sample", "4"])
+    args.dense_sample, args.repeats = 2, 1
+    timing, errors = measure_size("16x1", args)
+    assert timing[:3] == ["16x1", "16", 320]  # one H3 layer of 16 heads, every one fitted
+    assert timing[8] == "not run" and errors[1] == 2

@@ -28,7 +28,7 @@ from ssmhub.models.serpent.modeling_serpent import SerpentForCausalLM
 def _tiny_config(mode: str) -> SerpentConfig:
     return SerpentConfig(
         hidden_size=12, num_hidden_layers=1, vocab_size=32, resampling_rates=[0.5], resampling_window=3,
-        resampling_mode=mode,
+        resampling_mode=mode, branch_layout="concatenated",
     )  # fmt: skip
 
 
@@ -62,7 +62,8 @@ def _latest_input_by_autograd(branch: ResamplingBranch, x: torch.Tensor) -> torc
 @pytest.mark.parametrize("mode", ["causal", "faithful"])
 def test_branch_reach_matches_autograd(mode):
     torch.manual_seed(0)
-    branch = ResamplingBranch(8, 4, 0.3, resampling_window=4, resampling_mode=mode).double()
+    branch = ResamplingBranch(8, 4, 0.3, resampling_window=4, resampling_mode=mode, branch_layout="concatenated")
+    branch = branch.double()
     with torch.no_grad():
         branch.step_proj.weight.normal_(0.0, 2.0)  # varied steps Δ_l, so grid points fall unevenly
     x = torch.randn(1, 30, 8, dtype=torch.float64)

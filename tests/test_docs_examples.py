@@ -60,6 +60,8 @@ def test_every_python_block_of_the_page_runs(page, example_files, tmp_path, monk
     blocks = python_blocks(page)
     if any("onnxruntime" in block for block in blocks):
         pytest.importorskip("onnxruntime")
+    if any("torchao_config" in block for block in blocks):
+        pytest.importorskip("torchao")  # the "quantization" extra: make test-quantization runs this page
     shutil.copytree(example_files, tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)  # examples write files (runs/..., caches, ONNX) where they run
     namespace: dict = {"__name__": "__docs_example__"}

@@ -11,6 +11,16 @@ tokenizer has 17 ids). ``--listops_subtrees`` trains ListOps-SubTrees (arXiv:221
 ``--max_train_minutes`` trains for a time budget instead of ``--max_steps`` (CPU time of the process by
 default; ``--eval_every_minutes`` for a curve, ``--torch_num_threads`` to pin the threads).
 
+Training protocol (DLR's on LRA, arXiv 2212.00768 §A.6 and Table 9: dropout, weight decay but none on the
+recurrence, a cosine schedule after a linear warmup, the test metrics of the checkpoint best on validation):
+an ssmhub model's optimizer uses ``model.optimizer_param_groups`` (no weight decay on recurrences; their own
+learning rate with ``--config_overrides recurrence_learning_rate=...``), the model's dropout is a config field
+(``dropout=0.2`` for DLR), and the rest are ``TrainingArguments`` and transformers' callbacks:
+``--lr_scheduler_type cosine --warmup_steps``; ``--lr_over_budget`` anneals it over ``--max_train_minutes``
+instead of ``--max_steps``; ``--load_best_model_at_end --metric_for_best_model accuracy`` with
+``--save_strategy best`` (evaluations by ``--eval_strategy`` or ``--eval_every_minutes``) evaluates the best
+checkpoint; ``--early_stopping_patience`` adds ``EarlyStoppingCallback`` (it needs an ``--eval_strategy``).
+
     python examples/text-classification/run_classification.py --output_dir runs/listops --do_train --do_eval \\
         --listops_min_length 20 --listops_max_length 100 --max_steps 20
 """
@@ -27,8 +37,8 @@ from transformers import (
     AutoModelForTokenClassification,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
+    EarlyStoppingCallback,
     HfArgumentParser,
-    Trainer,
     TrainingArguments,
 )
 
@@ -36,6 +46,8 @@ from ssmhub.data.listops import NUM_CLASSES, ListOpsSpec
 from ssmhub.data.listops_hf import listops_dataset_dict, listops_tokenizer
 from ssmhub.metrics.trainer_hooks import ClassificationMetrics
 from ssmhub.script_arguments import BudgetArguments, ModelArguments, build_model, load_script_tokenizer
+from ssmhub.training.recurrent_trainer import RecurrentTrainer
+from ssmhub.training.time_budget import TimeBudgetCallback
 
 
 @dataclass
@@ -72,6 +84,39 @@ class DataArguments:
         )
 
 
+@dataclass
+class ProtocolArguments:
+    """Early stopping and a schedule over the time budget (the rest of the protocol is in TrainingArguments)."""
+
+    early_stopping_patience: int | None = field(
+        default=None, metadata={"help": "Stop after this many evaluations without improving (EarlyStoppingCallback)."}
+    )
+    early_stopping_threshold: float = field(
+        default=0.0, metadata={"help": "The least change of --metric_for_best_model that counts as improving."}
+    )
+    lr_over_budget: bool = field(
+        default=False, metadata={"help": "Anneal the schedule to zero over --max_train_minutes (cosine)."}
+    )
+
+    def check(self, training_args: TrainingArguments, budget_args: BudgetArguments) -> None:
+        """Raise ValueError naming the flag of a protocol option that cannot work with the other flags."""
+        if self.early_stopping_patience is not None:
+            if self.early_stopping_patience < 1:
+                raise ValueError(f"--early_stopping_patience must be >= 1; got {self.early_stopping_patience}")
+            if training_args.eval_strategy == "no" or training_args.metric_for_best_model is None:
+                raise ValueError(
+                    "--early_stopping_patience needs --eval_strategy steps|epoch and --metric_for_best_model "
+                    f"(got {training_args.eval_strategy!r}, {training_args.metric_for_best_model!r})"
+                )
+        if self.lr_over_budget and budget_args.max_train_minutes is None:
+            raise ValueError("--lr_over_budget needs --max_train_minutes (the budget it anneals over)")
+
+    def callbacks(self) -> list:
+        if self.early_stopping_patience is None:
+            return []
+        return [EarlyStoppingCallback(self.early_stopping_patience, self.early_stopping_threshold)]
+
+
 def load_data(args: DataArguments, cache_dir: str | None) -> tuple[datasets.DatasetDict, int]:
     """The splits (columns ``text`` and ``label``, or ``labels`` per token) and the number of classes."""
     if args.train_file is None:
@@ -105,9 +150,11 @@ def tokenize(data: datasets.DatasetDict, tokenizer, args: DataArguments) -> data
 def main(argv: list[str] | None = None) -> dict:
     """Parse the flags (or ``argv``), train and/or evaluate (validation, then the test split when there is
     one); returns the metrics."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments, BudgetArguments))
-    model_args, data_args, training_args, budget_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments, BudgetArguments, ProtocolArguments))
+    model_args, data_args, training_args, budget_args, protocol_args = parser.parse_args_into_dataclasses(args=argv)
+    protocol_args.check(training_args, budget_args)
     callbacks = budget_args.callbacks()
+    budget = next((callback for callback in callbacks if isinstance(callback, TimeBudgetCallback)), None)
     transformers.set_seed(training_args.seed)
     data, num_labels = load_data(data_args, model_args.cache_dir)
     listops = data_args.train_file is None
@@ -119,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     auto_class = AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification
     model = build_model(model_args, auto_class, tokenizer, num_labels=num_labels)
     collator = (DataCollatorForTokenClassification if per_token else DataCollatorWithPadding)(tokenizer)
-    trainer = Trainer(
+    trainer = RecurrentTrainer(
         model=model,
         args=training_args,
         train_dataset=data["train"] if training_args.do_train else None,
@@ -127,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
         data_collator=collator,
         compute_metrics=ClassificationMetrics(data_args.metric, "subtrees" if per_token else None),
-        callbacks=callbacks,
+        callbacks=callbacks + protocol_args.callbacks(),
+        budget=budget if protocol_args.lr_over_budget else None,
     )
     metrics = {}
     if training_args.do_train:

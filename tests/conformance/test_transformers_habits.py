@@ -74,13 +74,15 @@ def test_a_users_own_heads_that_do_not_divide_the_width_are_refused_by_name():
     with pytest.raises(ValueError, match=r"H3Config.num_attention_heads \(12\) must divide H3Config.hidden_size"):
         ssmhub.H3Config(hidden_size=256, num_attention_heads=12)
     with pytest.raises(ValueError, match=r"SerpentConfig.hidden_size .* at least the number of branches"):
-        ssmhub.SerpentConfig(hidden_size=2, resampling_rates=[0.5, 0.1])
+        ssmhub.SerpentConfig(hidden_size=2, resampling_rates=[0.5, 0.1], branch_layout="concatenated")
 
 
 def test_default_heads_and_branch_widths_follow_the_width():
     assert [ssmhub.H3Config(hidden_size=w).num_attention_heads for w in WIDTHS] == [1, 2, 4, 8, 12]
-    config = ssmhub.SerpentConfig(hidden_size=256)  # 3 branches: 86 + 85 + 85
+    config = ssmhub.SerpentConfig(hidden_size=256, branch_layout="concatenated")  # 3 branches: 86 + 85 + 85
     assert config.branch_widths(256) == (86, 85) and config.branch_size == 85
+    config = ssmhub.SerpentConfig(hidden_size=256)  # additive: the whole base, branches of H / 8
+    assert config.branch_widths(256) == (256, 32) and config.branch_size == 32
 
 
 @torch.no_grad()

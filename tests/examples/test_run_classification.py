@@ -73,3 +73,40 @@ def test_a_time_budget_replaces_max_steps_and_logs_its_curve(tmp_path):
 def test_eval_every_minutes_needs_a_budget(tmp_path):
     with pytest.raises(ValueError, match="--eval_every_minutes"):
         _run(tmp_path, "--eval_every_minutes", "1")
+
+
+def test_the_papers_protocol_evaluates_the_checkpoint_best_on_validation(tmp_path):
+    """arXiv 2212.00768 §A.6: a cosine schedule annealed over the time budget, the test metrics of the checkpoint
+    with the highest validation accuracy (``--save_strategy best --load_best_model_at_end``)."""
+    metrics = _run(tmp_path, "--max_steps", "100000", "--max_train_minutes", "0.01", "--eval_every_minutes", "0.002",
+                   "--torch_num_threads", "1", "--learning_rate", "0.01", "--lr_scheduler_type", "cosine",
+                   "--warmup_steps", "1", "--lr_over_budget", "--save_strategy", "best", "--load_best_model_at_end",
+                   "--metric_for_best_model", "accuracy", "--logging_steps", "1",
+                   "--config_overrides", "hidden_size=16,num_hidden_layers=1,dropout=0.2")  # fmt: skip
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    evaluations = [entry["eval_accuracy"] for entry in state["log_history"] if "train_budget_seconds" in entry]
+    assert len(evaluations) >= 2 and state["best_metric"] == max(evaluations)
+    assert metrics["eval_accuracy"] == state["best_metric"]  # the model evaluated at the end is the best one
+    rates = [entry["learning_rate"] for entry in state["log_history"] if "learning_rate" in entry]
+    assert max(rates) <= 0.01 and rates[-1] < 0.5 * max(rates)  # annealed as the budget runs out
+
+
+def test_early_stopping_ends_training_when_validation_stops_improving(tmp_path):
+    _run(tmp_path, "--max_steps", "60", "--eval_strategy", "steps", "--eval_steps", "1", "--save_strategy", "steps",
+         "--save_steps", "1", "--save_total_limit", "1", "--load_best_model_at_end", "--metric_for_best_model",
+         "accuracy", "--early_stopping_patience", "2", "--early_stopping_threshold", "1.0")  # fmt: skip
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3  # no change of accuracy exceeds 1.0: best at step 1, then 2 misses
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--early_stopping_patience", "2"], "--early_stopping_patience needs --eval_strategy"),
+        (["--early_stopping_patience", "0", "--eval_strategy", "steps"], "--early_stopping_patience must be >= 1"),
+        (["--lr_over_budget"], "--lr_over_budget needs --max_train_minutes"),
+    ],
+)
+def test_protocol_flags_that_cannot_work_are_refused_by_name(tmp_path, flags, named):
+    with pytest.raises(ValueError, match=named):
+        _run(tmp_path, *flags)

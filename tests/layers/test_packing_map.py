@@ -60,9 +60,9 @@ def test_the_map_equals_a_loop_over_segments(seed, continuing):
 
 def test_sizes_below_the_rows_are_refused():
     starts = torch.tensor([[True, False, False, True, False]])  # segments of 3 and 2 tokens
-    with pytest.raises(RuntimeError, match="longer than width=2"):
+    with pytest.raises(RuntimeError, match="longer than their width bound"):
         split_documents(starts, False, count=2, width=2)
-    with pytest.raises(RuntimeError, match="more than count=1"):
+    with pytest.raises(RuntimeError, match="more segments than their count bound"):
         split_documents(starts, False, count=1, width=3)
 
 

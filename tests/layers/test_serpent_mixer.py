@@ -30,17 +30,19 @@ def vary_steps(branch: ResamplingBranch, constant_gate=None) -> ResamplingBranch
     with torch.no_grad():
         branch.step_proj.weight.normal_(0, 1.0)
         branch.mamba.dt_proj.bias.add_(2.0)
+        if branch.additive:  # a trained-looking output projection (it starts at zero)
+            branch.output_proj.weight.normal_(0, 0.5)
+            branch.compress.slot_weight.normal_(0, 0.5)
         if constant_gate is not None:
             branch.step_proj.weight.zero_()
             branch.step_proj.bias.fill_(torch.logit(torch.tensor(constant_gate)).item())
     return branch
 
 
-def make_branch(kappa=0.5, window=3, mode="causal", seed=0, constant_gate=None):
+def make_branch(kappa=0.5, window=3, mode="causal", seed=0, constant_gate=None, layout="additive"):
     torch.manual_seed(seed)
-    branch = ResamplingBranch(
-        HIDDEN, 6, kappa, resampling_window=window, num_distance_features=4, resampling_mode=mode, **MAMBA
-    )
+    options = {"resampling_window": window, "num_distance_features": 4, "resampling_mode": mode, **MAMBA}
+    branch = ResamplingBranch(HIDDEN, 6, kappa, branch_layout=layout, **options)
     return vary_steps(branch, constant_gate).eval()
 
 
@@ -52,6 +54,16 @@ def _linear64(layer: torch.nn.Linear, v: torch.Tensor) -> torch.Tensor:
     """θ v + b in float64, differentiable in the layer's (float32) parameters."""
     out = v @ layer.weight.double().T
     return out if layer.bias is None else out + layer.bias.double()
+
+
+def window_map64(window_map, slots: torch.Tensor, width: int) -> torch.Tensor:
+    """θ_Γ of Eq. 12 on one window's slots (K, W + G) = [u_k, ε_k] per slot, float64: dense over the flattened
+    window (the concatenated layout, the paper's reading), or Σ_k w_k ⊙ u_k + W_ε ⊕_k ε_k + b (the additive
+    layout's depthwise map)."""
+    if hasattr(window_map, "slot_weight"):
+        inputs = (slots[:, :width] * window_map.slot_weight.double()).sum(0)
+        return inputs + window_map.feature_weight.double() @ slots[:, width:].flatten() + window_map.bias.double()
+    return window_map.weight.double() @ slots.flatten() + window_map.bias.double()
 
 
 def mamba_by_loop(mamba: MambaMixer, u: torch.Tensor) -> torch.Tensor:
@@ -93,7 +105,8 @@ def branch_by_loop(branch: ResamplingBranch, x: torch.Tensor) -> torch.Tensor:
       ``y_l = 0`` before the first grid point.
 
     The discrete choices are made on Python floats; Δ, the times and the distances stay tensors, so autograd
-    carries the gradients of θ_Δ, Δ and μ through the distances only, as in the layer.
+    carries the gradients of θ_Δ, Δ and μ through the distances only, as in the layer. Additive layout: the windows
+    hold ``window_proj x`` and the output is ``output_proj y``.
     """
     faithful = branch.mode == "faithful"
     kappa, window = branch.resampling_rate, branch.window
@@ -101,6 +114,7 @@ def branch_by_loop(branch: ResamplingBranch, x: torch.Tensor) -> torch.Tensor:
     theta_delta, bias_delta = branch.step_proj.weight.double()[0], branch.step_proj.bias.double()[0]
     centers = branch.ssm.distance_centers.double()
     x = x.double()
+    u = _linear64(branch.window_proj, x) if branch.additive else x  # (n, W): what the windows hold
     times, clock = [], 0.0
     for token in x:
         gate = torch.sigmoid(token @ theta_delta + bias_delta)
@@ -115,11 +129,11 @@ def branch_by_loop(branch: ResamplingBranch, x: torch.Tensor) -> torch.Tensor:
         else:
             emission = next(pos for pos in range(len(t)) if t[pos] >= j * delta)
             members = list(range(max(0, emission - window + 1), emission + 1))
-        slots = [torch.zeros(x.shape[1] + len(centers), dtype=torch.float64)] * (window - len(members))
+        slots = [torch.zeros(u.shape[1] + len(centers), dtype=torch.float64)] * (window - len(members))
         for k in members:
             features = torch.exp(-((j * grid_step - times[k] - centers) ** 2))  # (G,)
-            slots.append(torch.cat([x[k], features]))
-        x_bar.append(_linear64(branch.compress, torch.cat(slots)))
+            slots.append(torch.cat([u[k], features]))
+        x_bar.append(window_map64(branch.compress, torch.stack(slots), u.shape[1]))
     zero = torch.zeros(branch.branch_size, dtype=torch.float64)
     y_grid = mamba_by_loop(branch.mamba, torch.stack(x_bar)) if x_bar else None
     out = []
@@ -129,7 +143,7 @@ def branch_by_loop(branch: ResamplingBranch, x: torch.Tensor) -> torch.Tensor:
         else:
             k = math.floor(time / delta)
         out.append(y_grid[k - 1] if k >= 1 else zero)
-    return torch.stack(out)
+    return _linear64(branch.output_proj, torch.stack(out)) if branch.additive else torch.stack(out)
 
 
 def assert_relative_close(got: torch.Tensor, expected: torch.Tensor, rel: float, name: str = "") -> None:
@@ -174,16 +188,18 @@ def padding_mask(length: int) -> torch.Tensor:
 # the branch and the mixer against the loops
 
 
+@pytest.mark.parametrize("layout", ["additive", "concatenated"])
 @pytest.mark.parametrize("mode", ["causal", "faithful"])
 @pytest.mark.parametrize(
     ("kappa", "constant_gate"),
     [(0.3, None), (0.5, 0.5)],  # κ = σ = 0.5: every step is 0.75Δ, exact ties in the windows and the expansion
     ids=["varied_steps", "exact_ties"],
 )
-def test_branch_matches_the_loop_outputs_and_gradients_with_padding(mode, kappa, constant_gate):
+def test_branch_matches_the_loop_outputs_and_gradients_with_padding(mode, kappa, constant_gate, layout):
     """Every row of a padded batch (unequal grids; pads anywhere advance no clock and enter no window) equals
-    the float64 loop on its real tokens alone: outputs, and gradients in x, θ_Δ, Δ, μ, θ_Γ and the Mamba."""
-    branch = make_branch(kappa=kappa, window=4, mode=mode, constant_gate=constant_gate)
+    the float64 loop on its real tokens alone: outputs, and gradients in x, θ_Δ, Δ, μ, θ_Γ, the Mamba and (additive)
+    the input and output projections."""
+    branch = make_branch(kappa=kappa, window=4, mode=mode, constant_gate=constant_gate, layout=layout)
     if constant_gate is None:
         with torch.no_grad():
             branch.ssm.log_grid_step.fill_(0.3)  # Δ ≠ 1
@@ -191,11 +207,13 @@ def test_branch_matches_the_loop_outputs_and_gradients_with_padding(mode, kappa,
     assert_matches_loop(branch, lambda row: branch_by_loop(branch, row), x, padding_mask(17), 1e-5, 1e-4)
 
 
+@pytest.mark.parametrize("layout", ["additive", "concatenated"])
 @pytest.mark.parametrize("static", [False, True], ids=["grid_of_max_Lbar", "grid_of_L"])
 @pytest.mark.parametrize("mode", ["causal", "faithful"])
-def test_mixer_matches_the_loop_outputs_and_gradients_with_padding(mode, static, monkeypatch):
-    """Eq. 15: the base Mamba and two resampling branches (κ = 0.5, 0.25) concatenated, against the loops; with
-    the grid of max L̄ slots (the CPU's) and of L slots (an accelerator's or a compiled forward's, no host read)."""
+def test_mixer_matches_the_loop_outputs_and_gradients_with_padding(mode, static, layout, monkeypatch):
+    """Eq. 15: the base Mamba and two resampling branches (κ = 0.5, 0.25) added or concatenated, against the loops;
+    with the grid of max L̄ slots (the CPU's) and of L slots (an accelerator's or a compiled forward's, no host
+    read)."""
     monkeypatch.setattr(serpent_layer, "static_grid", lambda x: static)
     torch.manual_seed(0)
     mixer = SerpentMixer(
@@ -205,12 +223,15 @@ def test_mixer_matches_the_loop_outputs_and_gradients_with_padding(mode, static,
         num_distance_features=4,
         resampling_mode=mode,
         state_size=4,
+        branch_layout=layout,
+        resampling_branch_size=3,
     )
     for branch in mixer.resampled:
         vary_steps(branch)
 
     def reference(row):
-        return torch.cat([mamba_by_loop(mixer.base, row), *(branch_by_loop(b, row) for b in mixer.resampled)], -1)
+        outputs = [mamba_by_loop(mixer.base, row), *(branch_by_loop(b, row) for b in mixer.resampled)]
+        return sum(outputs) if layout == "additive" else torch.cat(outputs, -1)
 
     x = torch.randn(6, 15, HIDDEN, generator=torch.Generator().manual_seed(2))
     mask = padding_mask(15)
@@ -299,19 +320,23 @@ def test_faithful_mode_reads_later_tokens():
         state_size=4,
     )
     model = ssmhub.SerpentModel(config).eval()
+    with torch.no_grad():  # the additive branch's output projection starts at zero
+        model.layers[0].mixer.resampled[0].output_proj.weight.normal_()
     embeds = torch.randn(1, 24, 12, requires_grad=True)
     hidden = model(inputs_embeds=embeds).last_hidden_state
     (grad,) = torch.autograd.grad(hidden[:, 10].square().sum(), embeds)
     assert grad[:, 11:].abs().sum() > 0  # the paper's symmetric windows and rounding look ahead (spec §3)
 
 
-def test_kappa_one_and_window_one_is_mamba_over_each_token():
-    branch = make_branch(kappa=1.0, window=1)
+@pytest.mark.parametrize("layout", ["additive", "concatenated"])
+def test_kappa_one_and_window_one_is_mamba_over_each_token(layout):
+    branch = make_branch(kappa=1.0, window=1, layout=layout)
     x = torch.randn(2, 9, HIDDEN)
     with torch.no_grad():
         y, _ = branch(x)
-        features = torch.exp(-(branch.ssm.distance_centers**2)).expand(2, 9, -1)  # ε(0): every t_l is on t̄_l
-        expected, _ = branch.mamba(branch.compress(torch.cat([x, features], -1)))
+        features = torch.exp(-(branch.ssm.distance_centers**2)).expand(2, 9, 1, -1)  # ε(0): every t_l is on t̄_l
+        x_bar = branch.compress(branch.window_inputs(x)[..., None, :], features)  # windows of one slot
+        expected = branch.project_output(branch.mamba(x_bar)[0])
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -342,7 +367,9 @@ def test_left_padded_batch_decodes_like_single_rows():
         ({"resampling_rates": [0.0]}, "resampling_rates"),
         ({"resampling_rates": [1.5]}, "resampling_rates"),
         ({"resampling_window": 0}, "resampling_window"),
-        ({"hidden_size": 2}, "hidden_size"),  # fewer channels than the 3 branches (any H ≥ 3 builds)
+        ({"hidden_size": 2, "branch_layout": "concatenated"}, "hidden_size"),  # fewer channels than the 3 branches
+        ({"branch_layout": "stacked"}, "branch_layout"),
+        ({"resampling_branch_size": 0}, "resampling_branch_size"),
         ({"resampling_mode": "symmetric"}, "resampling_mode"),
     ],
 )
@@ -494,7 +521,7 @@ def test_kept_stacked_weights_follow_an_in_place_weight_change():
         _, state = mixer(x[:, :5], return_state=True)
         mixer(x[:, 5:], state=state)  # a step: the stacked weights are kept
         for branch in mixer.resampled:
-            branch.compress.weight.mul_(1.5)
+            branch.compress.slot_weight.mul_(1.5)
             branch.mamba.out_proj.weight.add_(0.1)
         _, state = mixer(x[:, :5], return_state=True)
         stepped, _ = mixer(x[:, 5:], state=state)
@@ -510,7 +537,7 @@ def test_kept_stacked_weights_follow_a_replaced_parameter_and_submodule():
         _, state = mixer(x[:, :5], return_state=True)
         mixer(x[:, 5:], state=state)  # a step: the stacked weights are kept
         branch = mixer.resampled[0]
-        branch.compress.weight = torch.nn.Parameter(branch.compress.weight * 1.5)
+        branch.compress.slot_weight = torch.nn.Parameter(branch.compress.slot_weight * 1.5)
         out_proj = torch.nn.Linear(branch.mamba.out_proj.in_features, branch.mamba.out_proj.out_features)
         out_proj.weight.copy_(branch.mamba.out_proj.weight + 0.1)
         out_proj.bias = branch.mamba.out_proj.bias

@@ -1,9 +1,11 @@
-"""The sequential Triton scan of the block-diagonal LRNN (arXiv 2309.07412 Eq. 5; ssmhub.ops.triton.block_scan)
-against the float64 loop block_scan_ref: values and the custom reverse-time backward (A, v, x_0), padding and
-document restarts written into A and v, growing (non-contractive) blocks, T = 1, and the BDLRNN mixer with
-scan="triton". On a CPU-only machine it runs under TRITON_INTERPRET=1 (tiny shapes: the interpreter is slow);
-skipped without triton."""
+"""The Triton scans of the block-diagonal LRNN (arXiv 2309.07412 Eq. 5; ssmhub.ops.triton.block_scan), sequential
+(chunk_size=None) and chunked (chunk_size=C: chunks from zero, a scan over the chunk carries, chunks rerun from their
+carries), against the float64 loop block_scan_ref: values and the custom reverse-time backward (A, v, x_0), padding
+and document restarts written into A and v, growing (non-contractive) blocks, T = 1, chunk lengths that divide T or
+leave a short last chunk, and the BDLRNN mixer with scan="triton". On a CPU-only machine it runs under
+TRITON_INTERPRET=1 (tiny shapes: the interpreter is slow); skipped without triton."""
 
+import functools
 import itertools
 import os
 
@@ -17,7 +19,13 @@ if not torch.cuda.is_available():  # the kernels are decorated (interpreted or c
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from ssmhub.ops.triton.block_scan import MAX_BLOCK_SIZE, block_scan_triton, can_run_block_scan
+from ssmhub.ops.triton.block_scan import (
+    CHUNK_SIZE,
+    MAX_BLOCK_SIZE,
+    block_scan_triton,
+    block_scan_triton_chunked,
+    can_run_block_scan,
+)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.skipif(
@@ -78,11 +86,91 @@ def test_values_and_gradients_match_the_loop(block, seq_len, heads, state):
     _check_against_loop(A, v, x0)
 
 
-@pytest.mark.parametrize("heads_per_program", [1, 2, 4])
-def test_any_head_grouping_gives_the_loops_numbers(heads_per_program):
+@pytest.mark.parametrize(
+    ("block", "seq_len", "heads", "chunk_size"),
+    # 3 whole chunks; a short last chunk (19 = 4·4 + 3); a chunk a step; b = 3 masked lanes; one chunk (C > T)
+    [(2, 24, 3, 8), (4, 19, 2, 4), (2, 9, 3, 1), (3, 9, 3, 4), (8, 11, 2, 16)],
+)
+@pytest.mark.parametrize("state", ["none", "batch", "shared"])
+def test_chunked_values_and_gradients_match_the_loop(block, seq_len, heads, chunk_size, state):
+    A, v, x0 = _inputs(2, seq_len, heads, block, state, seed=block + seq_len)
+    _check_against_loop(A, v, x0, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize(("heads_per_program", "chunk_size"), [(1, None), (2, None), (4, None), (1, 2), (4, 4)])
+def test_any_head_grouping_gives_the_loops_numbers(heads_per_program, chunk_size):
     """G heads per program, with h = 3 not a multiple of 2 or 4 (the last group's extra heads are masked)."""
     A, v, x0 = _inputs(2, 6, 3, 4, "batch", seed=1)
-    _check_against_loop(A, v, x0, heads_per_program=heads_per_program)
+    _check_against_loop(A, v, x0, heads_per_program=heads_per_program, chunk_size=chunk_size)
+
+
+def test_the_default_chunk_length_leaves_a_short_last_chunk():
+    """block_scan_triton_chunked at its CHUNK_SIZE on T = CHUNK_SIZE + 5: a whole chunk, then 5 steps."""
+    A, v, x0 = _inputs(1, CHUNK_SIZE + 5, 1, 2, "shared", seed=11)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (A, v, x0)]
+    got = block_scan_triton_chunked(*leaves)
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    expected = block_scan_ref(*exact)
+    scaled_close(got, expected, what="states")
+    for name, g, e in zip(
+        "A v x0".split(), torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(expected.sum(), exact)
+    ):
+        scaled_close(g, e, GRAD_REL, what=f"gradient of {name}")
+
+
+def test_one_chunk_is_the_sequential_scan_bit_for_bit():
+    """chunk_size ≥ T launches the sequential kernel alone, on the same inputs: the same bits, values and gradients."""
+    A, v, x0 = (t.to(DEVICE).requires_grad_() for t in _inputs(2, 7, 3, 4, "batch", seed=12))
+    runs = [block_scan_triton(A, v, x0, chunk_size=size) for size in (None, 7, 100)]
+    grads = [torch.autograd.grad(states.sum(), (A, v, x0)) for states in runs]
+    for states, grad in zip(runs[1:], grads[1:]):
+        assert torch.equal(states, runs[0])  # the same kernel on the same inputs
+        assert all(torch.equal(g, g0) for g, g0 in zip(grad, grads[0]))
+
+
+class _LaunchRecorder:
+    """Stands in for the kernels module and records each launch's kernel name and grid."""
+
+    def __init__(self, module):
+        self.module, self.launches = module, []
+
+    def __getattr__(self, name):
+        kernel, launches = getattr(self.module, name), self.launches
+
+        class Launch:
+            def __getitem__(self, grid):
+                launches.append((name, grid))
+                return kernel[grid]
+
+        return Launch()
+
+
+def test_the_chunked_scan_launches_three_passes_each_way(monkeypatch):
+    """T = 10, C = 4: N = 3 chunks; forward: 2 chunks from zero, the scan of their 2 carries, 3 chunks; backward:
+    the 2 chunks after the first from a zero carry, the reverse scan of 2 carries, 3 chunks (b = 4, h = 3: G = 4,
+    one group of heads)."""
+    from ssmhub.ops.triton import block_scan as module
+
+    recorder = _LaunchRecorder(module._kernels())
+    monkeypatch.setattr(module, "_kernels", lambda: recorder)
+    A, v, x0 = (t.to(DEVICE).requires_grad_() for t in _inputs(2, 10, 3, 4, "shared", seed=13))
+    block_scan_triton(A, v, x0, chunk_size=4).sum().backward()
+    assert recorder.launches == [
+        ("block_scan_chunk_fwd_kernel", (2, 1, 2)),
+        ("block_scan_fwd_kernel", (2, 1, 1)),
+        ("block_scan_fwd_kernel", (2, 1, 3)),
+        ("block_scan_chunk_bwd_kernel", (2, 1, 2)),
+        ("block_scan_bwd_kernel", (2, 1, 1)),
+        ("block_scan_bwd_kernel", (2, 1, 3)),
+    ]
+
+
+@pytest.mark.slow
+def test_many_chunks_match_the_loop():
+    """T = 200 in 13 chunks of 16 (the last of 8) at the paper's b = 8. The blocks contract (column 1-norms ≤ 1), so
+    round-off does not build up over the 200 steps: FP32_REL's ≤ 40 stages still bound it."""
+    A, v, x0 = _inputs(2, 200, 2, 8, "batch", seed=14)
+    _check_against_loop(A, v, x0, chunk_size=16)
 
 
 def _growing_inputs(batch, seq_len, heads, block, seed, gain=1.25, drive=0.1):
@@ -99,33 +187,39 @@ def _growing_inputs(batch, seq_len, heads, block, seed, gain=1.25, drive=0.1):
     return (gain * Q).float(), (drive * unit(batch, seq_len, heads)).float(), unit(batch, heads).float()
 
 
-def test_growing_blocks_match_the_loop():
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_growing_blocks_match_the_loop(chunk_size):
     """Non-contractive blocks (‖A_k x‖₂ = 1.25·‖x‖₂): the states grow by more than an order of magnitude over
-    T = 16, for any draw; the error stays relative to the largest state."""
+    T = 16, for any draw; the error stays relative to the largest state (chunked: the chunk products grow too)."""
     A, v, x0 = _growing_inputs(2, 16, 2, 4, seed=3)
-    got = _check_against_loop(A, v, x0)
+    got = _check_against_loop(A, v, x0, chunk_size=chunk_size)
     # ‖x_1‖∞ ≤ ‖x_1‖₂ ≤ 1.25 + 0.1, while ‖x_16‖∞ ≥ ‖x_16‖₂ / 2 ≥ 0.6 · 1.25^16 / 2 > 10 (b = 4)
     assert got.abs().max() > 5 * got[:, 0].abs().max()  # the states do grow
 
 
-def test_padded_steps_leave_the_state_unchanged():
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_padded_steps_leave_the_state_unchanged(chunk_size):
     """Masked steps as the layer writes them (A = I, v = 0, bdlrnn.BDLRNNMixer.transitions): the state passes
     through with the same bits (x_i·1 + Σ 0·x_j + 0 is exact in IEEE arithmetic, with or without FMA), and the
-    gradients still follow the loop."""
+    gradients still follow the loop. Chunked, the bits are promised inside a chunk only: a chunk's first step
+    starts from the carry P_c s_{c-1} + e_c, another rounding of the state the chunk before stored (steps 4, 8)."""
     A, v, x0 = _inputs(2, 12, 2, 4, "batch", seed=5)
     padded = torch.zeros(2, 12, dtype=torch.bool)
     padded[0, :3] = padded[0, 7] = padded[1, [4, 5, 11]] = True  # left padding, holes, the last step
     A[padded] = torch.eye(4)
     v[padded] = 0.0
-    got = _check_against_loop(A, v, x0)
+    got = _check_against_loop(A, v, x0, chunk_size=chunk_size)
     before = torch.cat([x0.to(DEVICE).unsqueeze(1), got[:, :-1]], dim=1)  # (batch, T, h, b): x_{k-1}
-    changed = (got != before) & padded.to(DEVICE)[..., None, None]
+    inside = torch.ones(12, dtype=torch.bool)  # steps whose x_{k-1} comes from the same walk
+    if chunk_size is not None:
+        inside[chunk_size::chunk_size] = False
+    changed = (got != before) & (padded & inside).to(DEVICE)[..., None, None]
     where = [tuple(i) for i in changed.nonzero().tolist()[:4]]  # (row, step, head, lane)
     assert not where, [(i, got[i].item().hex(), before[i].item().hex()) for i in where]
 
 
-@pytest.mark.parametrize("learned_x0", [True, False])
-def test_document_restarts_scan_every_document_from_x0(learned_x0):
+@pytest.mark.parametrize(("learned_x0", "chunk_size"), [(True, None), (False, None), (True, 3), (False, 4)])
+def test_document_restarts_scan_every_document_from_x0(learned_x0, chunk_size):
     """restart_blocks (A_k → 0, v_k → v_k + A_k x_0 at a start) then the Triton scan: each document of a packed
     row equals its own loop from x_0, and the gradients of A, v and x_0 through restart_blocks follow the loop."""
     A, v, carried = _inputs(2, 11, 2, 3, "batch", seed=4)
@@ -138,7 +232,7 @@ def test_document_restarts_scan_every_document_from_x0(learned_x0):
     def prepare(A, v, x0):
         return (*restart_blocks(A, v, starts.to(A.device), x0), carried.to(A.dtype))
 
-    got = _check_against_loop(A, v, x0, prepare)
+    got = _check_against_loop(A, v, x0, prepare, chunk_size=chunk_size)
     for row in range(2):
         bounds = [0] + [t for t in starts[row].nonzero().flatten().tolist() if t > 0] + [11]
         for i, (begin, end) in enumerate(itertools.pairwise(bounds)):
@@ -157,12 +251,13 @@ def test_one_step_is_block_step(state):
     scaled_close(got[:, 0], block_step(A[:, 0].double(), v[:, 0].double(), start.double()))
 
 
-def test_only_the_inputs_that_need_gradients_get_them():
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_only_the_inputs_that_need_gradients_get_them(chunk_size):
     """A without requires_grad: the kernel skips dA (NEED_DA off) and v, x_0 still follow the loop."""
     A, v, x0 = (t.to(DEVICE) for t in _inputs(2, 8, 2, 4, "shared", seed=7))
     v.requires_grad_()
     x0.requires_grad_()
-    dv, dx0 = torch.autograd.grad(block_scan_triton(A, v, x0).sum(), [v, x0])
+    dv, dx0 = torch.autograd.grad(block_scan_triton(A, v, x0, chunk_size=chunk_size).sum(), [v, x0])
     exact = [t.detach().double().requires_grad_() for t in (v, x0)]
     dv_ref, dx0_ref = torch.autograd.grad(block_scan_ref(A.double(), *exact).sum(), exact)
     scaled_close(dv, dv_ref, GRAD_REL, what="gradient of v")
@@ -191,6 +286,9 @@ def test_what_cannot_run_is_refused_naming_why():
         block_scan_triton(A, v, heads_per_program=3)
     with pytest.raises(ValueError, match="v must have shape"):
         block_scan_triton(A, v[:, :1])
+    for bad in (0, -4, 2.0, True):
+        with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+            block_scan_triton(A, v, chunk_size=bad)
 
 
 # ----------------------------------------------------------------------------- the BDLRNN mixer
@@ -205,10 +303,15 @@ def _mixer_pair():
     return mixer, reference
 
 
-def test_mixer_with_the_triton_scan_matches_the_loop_with_padding_and_packed_rows():
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_mixer_with_the_triton_scan_matches_the_loop_with_padding_and_packed_rows(chunk_size, monkeypatch):
     """BDLRNNMixer(scan="triton") against its float64 copy with scan="sequential": outputs, final state and the
     input gradient, on packed rows (document starts) with left padding and a hole. The layer adds an MLP of
-    ≤ 16 terms and the normalisation (≈ 15 rounded stages) to the 10-step scan: within FP32_REL's 40 stages."""
+    ≤ 16 terms and the normalisation (≈ 15 rounded stages) to the 10-step scan: within FP32_REL's 40 stages.
+    chunk_size = 3: the mixer's Triton scan swapped for the chunked one (4 chunks, the last of 1 step)."""
+    from ssmhub.layers import bdlrnn
+
+    monkeypatch.setattr(bdlrnn, "block_scan_triton", functools.partial(block_scan_triton, chunk_size=chunk_size))
     mixer, reference = _mixer_pair()
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 10, 8, generator=gen).to(DEVICE)

@@ -20,14 +20,7 @@ from ssmhub.ops.modal import (
     modal_step,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small batched LAPACK calls: one thread is fastest and steadiest on a shared 2-core CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _true_modes(channels, modes, seed=0):

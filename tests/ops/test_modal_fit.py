@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from ssmhub.ops.hankel import dense_hankel_eigvecs
 from ssmhub.ops.modal import (
     _balanced_poles,
-    _hankel_eigvecs,
     fit_modal_kernel,
     fit_modal_kernels,
     hankel_singular_values,
@@ -13,13 +13,7 @@ from ssmhub.ops.modal import (
     modal_kernel,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _decaying_noise(channels, length, seed=0):
@@ -82,7 +76,7 @@ def test_balanced_truncation_recovers_a_sum_of_exponentials_and_is_stable():
     kernel = (c[..., None] * torch.polar(modulus[..., None] ** t, phase[..., None] * t)).sum(-2).real
     fit = fit_modal_kernel(kernel.float(), 4, method="balanced")
     assert fit.relative_error.max() < 1e-4
-    poles = _balanced_poles(_hankel_eigvecs(_decaying_noise(4, 64).double()[:, 1:])[1], 10)
+    poles = _balanced_poles(dense_hankel_eigvecs(_decaying_noise(4, 64).double()[:, 1:])[1], 10)
     assert poles.abs().max() < 1  # discrete balanced truncation keeps the reduced model stable
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ssmhub.ops.short_conv import causal_depthwise_conv
+from ssmhub.ops.short_conv import causal_depthwise_conv, conv_window
 
 
 def _oracle(x, weight, bias, history):
@@ -119,3 +119,91 @@ def test_no_document_start_is_the_plain_convolution_and_bad_starts_are_refused()
     )
     with pytest.raises(ValueError, match="starts must be a bool tensor"):
         causal_depthwise_conv(x, weight, bias, history, starts=no_starts.long())
+
+
+def _real_rows(x, mask, starts):
+    """Each row's real tokens alone, in order, and their document starts: a start at a pad (or at the real token
+    itself) marks the next real token; ``late_start[b]``: a start after row b's last real token."""
+    rows, row_starts, late_start = [], [], []
+    for b in range(x.shape[0]):
+        kept, flags, pending = [], [], False
+        for t in range(x.shape[1]):
+            pending = pending or bool(starts is not None and starts[b, t])
+            if mask[b, t]:
+                kept.append(t)
+                flags.append(pending)
+                pending = False
+        rows.append(x[b, kept])
+        row_starts.append(torch.tensor(flags, dtype=torch.bool))
+        late_start.append(pending)
+    return rows, row_starts, late_start
+
+
+def _masked_oracle(x, weight, bias, history, mask, starts=None):
+    """Every row's real tokens convolved alone (:func:`_documents_alone`), put back at their positions; 0 at pads."""
+    rows, row_starts, _ = _real_rows(x, mask, starts)
+    outputs = []
+    for b, (row, flags) in enumerate(zip(rows, row_starts)):
+        row_y = x.new_zeros(x.shape[1:])  # (T, E)
+        if len(row):
+            alone = _documents_alone(row[None], weight, bias, history[b : b + 1], flags[None])[0]  # (n, E)
+            row_y = row_y.index_put((mask[b].nonzero().flatten(),), alone)
+        outputs.append(row_y)
+    return torch.stack(outputs)
+
+
+def _holes():
+    """Row 0: left padding and holes; row 1: holes of one and two pads, a document start at a pad (it moves to the
+    next real token) and at a real token; row 2: no pad; row 3: pads only at the end."""
+    mask = torch.ones(4, 11, dtype=torch.long)
+    mask[0, [0, 1, 4, 7, 8]] = 0
+    mask[1, [2, 5, 6]] = 0
+    mask[3, [8, 9, 10]] = 0
+    starts = torch.zeros(4, 11, dtype=torch.bool)
+    starts[1, [5, 8]] = True
+    starts[3, 9] = True  # after the last real token: the window restarts
+    return mask, starts
+
+
+@pytest.mark.parametrize("with_starts", [False, True], ids=["pads", "pads_and_documents"])
+@pytest.mark.parametrize("taps", [1, 2, 4])
+def test_pads_are_skipped_as_if_absent(taps, with_starts):
+    """With ``mask``, each real token's taps meet the real tokens before it (pads skipped, left padding and holes
+    alike), as conv1d over the row without its pads; 0 at pads; values and all four gradients."""
+    x, weight, bias, history = _inputs(4, 11, 3, taps, seed=40 + taps)
+    mask, starts = _holes()
+    starts = starts if with_starts else None
+    ours_in = [t.clone().requires_grad_() for t in (x, weight, bias, history)]
+    ref_in = [t.clone().requires_grad_() for t in (x, weight, bias, history)]
+    y = causal_depthwise_conv(*ours_in, starts=starts, mask=mask)
+    y_ref = _masked_oracle(*ref_in, mask, starts)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    y.backward(grad)
+    y_ref.backward(grad)
+    for name, ours, ref in zip(("x", "weight", "bias", "history"), ours_in, ref_in):
+        torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-12, atol=1e-12, msg=f"gradient of {name}")
+
+
+@pytest.mark.parametrize("with_starts", [False, True], ids=["pads", "pads_and_documents"])
+def test_the_window_after_a_masked_row_holds_its_last_real_inputs(with_starts):
+    """conv_window with ``mask``: the last k − 1 real inputs of [history ; x] (pads skipped), zeros before the last
+    document start (a start after the last real token empties it), by a loop over each row."""
+    x, _, _, history = _inputs(4, 11, 3, 4, seed=7)
+    mask, starts = _holes()
+    starts = starts if with_starts else None
+    rows, row_starts, late_start = _real_rows(x, mask, starts)
+    expected = []
+    for b, (row, flags) in enumerate(zip(rows, row_starts)):
+        stream = torch.cat([history[b], row])  # (k − 1 + n, E)
+        last = max([i for i, flag in enumerate(flags) if flag], default=None)
+        if last is not None:
+            stream[: history.shape[1] + last] = 0
+        if late_start[b]:
+            stream.zero_()
+        expected.append(stream[-history.shape[1] :])
+    torch.testing.assert_close(conv_window(history, x, starts, mask=mask), torch.stack(expected), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="ends or mask"):
+        conv_window(history, x, ends=mask.sum(1), mask=mask)
+    with pytest.raises(ValueError, match=r"mask must have shape \(B, T\)"):
+        causal_depthwise_conv(x, torch.ones(3, 4, dtype=torch.float64), mask=mask[:, :5])

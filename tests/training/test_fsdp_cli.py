@@ -3,9 +3,12 @@ in two CPU processes started by ``torchrun`` (gloo).
 
 Without mixed precision a sharded run computes what an unsharded one computes (the same global batches, the same
 float32 ops; only the order of a few sums differs: gradients averaged over the processes, the clipping norm summed
-over shards), so the losses agree within ``TRAINING_REL`` (tests/training/training_helpers.py). The bf16 policy's
-tolerance against one process is tests/training/test_fsdp2.py's; here a bf16 run is checked to train, to keep the
-recurrence float32 where it is saved and to leave a checkpoint that ``ssmhub-eval`` reads.
+over shards), so the losses agree within ``TRAINING_REL`` (tests/training/training_helpers.py). A stateful run
+(``--stateful``) shards the same way: each process carries the states of its own rows (the document streams deal
+every row's documents identically on every process), so it too computes what one process computes, with the same
+tolerance (each row's forward runs in a batch of 2 instead of 4: other blockings, the same float32 ops). The bf16
+policy's tolerance against one process is tests/training/test_fsdp2.py's; here a bf16 run is checked to train, to
+keep the recurrence float32 where it is saved and to leave a checkpoint that ``ssmhub-eval`` reads.
 """
 
 from __future__ import annotations
@@ -58,13 +61,49 @@ def test_one_process_fsdp_bf16_keeps_the_recurrence_float32(tiny_data_dir, tmp_p
     assert recurrence and set(recurrence.values()) == {torch.float32}
 
 
-@pytest.mark.parametrize("flags", [{"mixed_precision": "fp16"}, {"stateful": None}])
-def test_fsdp_refuses_fp16_and_stateful(tiny_data_dir, tmp_path, capsys, flags):
+def test_fsdp_refuses_fp16(tiny_data_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
-        main(tiny_args(tiny_data_dir, tmp_path / "refused", fsdp=None, **flags))
+        main(tiny_args(tiny_data_dir, tmp_path / "refused", fsdp=None, mixed_precision="fp16"))
     assert exit.value.code == 2
-    assert "fsdp with " + next(iter(flags)) in capsys.readouterr().err
+    assert "fsdp with mixed_precision" in capsys.readouterr().err
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.fixture(scope="module")
+def stateful_run(tiny_data_dir, tmp_path_factory) -> Path:
+    """``tiny_args`` with ``--stateful`` in one process without sharding: 4 rows carrying their states."""
+    out = tmp_path_factory.mktemp("stateful")
+    main(tiny_args(tiny_data_dir, out, stateful=None))
+    return out
+
+
+@pytest.mark.slow  # another torchrun start (~50-90 s on 2 busy cores); the one-process sharded run below is its sibling
+def test_two_torchrun_processes_train_a_stateful_run_as_one(stateful_run, tiny_data_dir, tmp_path):
+    """``--fsdp --stateful`` over 2 processes of 2 rows each equals the unsharded one-process run of 4 rows, and
+    its checkpoints hold both the model shards and each process's carried states."""
+    two = tmp_path / "two"
+    torchrun_train(tiny_args(tiny_data_dir, two, fsdp=None, stateful=None, per_device_train_batch_size=2))
+    for split in ("train", "validation"):
+        same_losses(losses(two, split), losses(stateful_run, split), what=split)
+    step_3 = two / "checkpoints" / "step-3"
+    assert len(list((step_3 / "shards").glob("*.distcp"))) == 2
+    assert sorted(path.name for path in step_3.glob("stateful_states-*")) == [
+        "stateful_states-0.safetensors",
+        "stateful_states-1.safetensors",
+    ]
+
+
+def test_one_process_fsdp_stateful_resumes_its_shards_and_states(stateful_run, tiny_data_dir, tmp_path):
+    """A sharded stateful run resumed from its step-3 checkpoint (shards and carried states) continues as the
+    uninterrupted unsharded run."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    main(tiny_args(tiny_data_dir, full, fsdp=None, stateful=None))
+    shutil.copytree(full, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-6")
+    main([*tiny_args(tiny_data_dir, resumed, fsdp=None, stateful=None), "--resume"])
+    for split in ("train", "validation"):
+        same_losses(losses(full, split), losses(stateful_run, split), what=f"fsdp {split}")
+        same_losses(losses(resumed, split), losses(full, split), what=f"resumed {split}")
 
 
 @pytest.fixture(scope="module")

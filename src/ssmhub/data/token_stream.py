@@ -30,7 +30,7 @@ import torch
 from ..tokenization import encode_documents
 from .token_cache import CorpusSource, document_dataset, publish_entry, resolve_cache_dir, tokenizer_fingerprint
 
-__all__ = ["PackedWindows", "TokenStream", "cached_token_stream", "packed_position_ids"]
+__all__ = ["PackedWindows", "TokenStream", "cached_token_stream", "document_sizes", "packed_position_ids"]
 
 _FORMAT_VERSION = 1
 _COMPLETE = "ssmhub_stream.json"
@@ -97,11 +97,18 @@ class PackedWindows(torch.utils.data.Dataset):
         ``max_length_q``, the longest (a Python int), so that a packed forward reads none of them back."""
         ids = torch.stack([w["input_ids"] for w in windows])  # (B, L)
         positions = torch.stack([w["position_ids"] for w in windows])  # (B, L)
-        starts = positions == 0
-        starts[:, 0] = True  # a window's first token starts a (piece of a) document
-        cu = torch.cat([starts.flatten().nonzero().flatten(), torch.tensor([starts.numel()])])  # (N + 1,)
-        longest = int((cu[1:] - cu[:-1]).max())
-        return {"input_ids": ids, "position_ids": positions, "cu_seq_lens_q": cu.int(), "max_length_q": longest}
+        return {"input_ids": ids, "position_ids": positions, **document_sizes(positions)}
+
+
+def document_sizes(position_ids: torch.Tensor) -> dict:
+    """The sizes of the documents (or pieces of documents) in rows whose ``position_ids`` (B, L), on the host,
+    restart at 0 where a document starts, as ``transformers.DataCollatorWithFlattening`` gives them:
+    ``cu_seq_lens_q`` (N + 1,) int32 over the B·L tokens back to back (each row's first token starts a piece) and
+    ``max_length_q``, the longest piece (a Python int), so that a packed forward reads none of them back."""
+    starts = position_ids == 0
+    starts[:, 0] = True  # a row's first token starts a (piece of a) document
+    cu = torch.cat([starts.flatten().nonzero().flatten(), torch.tensor([starts.numel()])])  # (N + 1,)
+    return {"cu_seq_lens_q": cu.int(), "max_length_q": int((cu[1:] - cu[:-1]).max())}
 
 
 def _entry_name(source: CorpusSource, tokenizer) -> str:

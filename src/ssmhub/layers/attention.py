@@ -98,10 +98,11 @@ class CausalSelfAttention(TokenMixer):
         if got != expected:
             raise ValueError(f"a static attention state must hold tensors of shapes {expected}; got {got}")
 
-    def _forward(self, x, mask, state, return_state, starts=None):
+    def _forward(self, x, mask, state, return_state, rows=None):
         """x (B, L, d), mask (B, L) of the new tokens; ``state`` holds the earlier tokens' keys/values;
-        ``starts`` (B, L) bool or None: document starts of packed rows."""
+        ``rows`` (:class:`~ssmhub.layers.packing.PackedRows`) or None: the document starts of packed rows."""
         batch, length, _ = x.shape
+        starts = None if rows is None else rows.starts  # (B, L) bool
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
         # (B, L, d) -> (B, heads, L, d_head)
         q, k, v = (t.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))

@@ -169,12 +169,12 @@ class BDLRNNMixer(TokenMixer):
         return state
 
     # ----------------------------------------------------------------------------- forward
-    def _forward(self, x, mask, state, return_state, starts=None):
-        """x (B, T, d) -> y (B, T, d) in x's dtype: the flattened states x_1..x_T; ``starts`` (B, T) bool or
-        None: document starts of packed rows."""
+    def _forward(self, x, mask, state, return_state, rows=None):
+        """x (B, T, d) -> y (B, T, d) in x's dtype: the flattened states x_1..x_T; ``rows``
+        (:class:`~ssmhub.layers.packing.PackedRows`) or None: the document starts of packed rows."""
         A, v = self.transitions(x, mask)  # (B, T, h, b, b), (B, T, h, b)
-        if starts is not None:
-            A, v = restart_blocks(A, v, starts, self._initial_state())
+        if rows is not None:
+            A, v = restart_blocks(A, v, rows.starts, self._initial_state())
         x0 = state["bdlrnn_state"] if state is not None else self._initial_state()
         if x0 is not None and x0.dtype != A.dtype:
             x0 = x0.to(A.dtype)

@@ -124,7 +124,9 @@ class H3Mixer(TokenMixer):
         return hankel_singular_values(self._learned()(self.max_kernel_length).detach().float().cpu())
 
     @torch.no_grad()
-    def distill(self, num_modes: int, tolerance: float | None = None, method: str = "best") -> DistillationReport:
+    def distill(
+        self, num_modes: int, tolerance: float | None = None, method: str = "best", eigensolver: str = "truncated"
+    ) -> DistillationReport:
         """Fit each head's learned long kernel (all L_max taps) in modal form and switch the layer to it.
 
         Without ``tolerance`` every head gets ``num_modes`` modes. With a ``tolerance`` (relative L2 kernel
@@ -133,13 +135,14 @@ class H3Mixer(TokenMixer):
         of L_max − 1 inputs while the others decode with an O(N) modal state (LaughingHyena, arXiv 2310.18780
         §3.2, picks the order per filter). The layer then computes with these kernels everywhere (training
         forward, prefill and step agree). Beyond L_max a modal kernel keeps decaying while the learned one is
-        zero (the fit only sees taps 0..L_max-1). ``method``: see :func:`ssmhub.ops.modal.fit_modal_kernel`.
+        zero (the fit only sees taps 0..L_max-1). ``method`` and ``eigensolver`` (the Hankel basis: ``"truncated"``
+        by FFT-applied block Krylov, or the ``"dense"`` reference): see :func:`ssmhub.ops.modal.fit_modal_kernel`.
         See :mod:`ssmhub.layers.h3_distillation`.
         """
         learned = self._learned(" to distill")
         check_distill_request(self.max_kernel_length, num_modes, tolerance, method)  # before any fitting
         kernel = learned(self.max_kernel_length).detach().float().cpu()  # (H, L_max), regularized
-        fits = HeadFits.fit(kernel, num_modes, tolerance, method)
+        fits = HeadFits.fit(kernel, num_modes, tolerance, method, eigensolver)
         if self.decode_num_modes != num_modes:  # fresh (H, num_modes) buffers, beside the weights
             self.decode_num_modes = num_modes
             self.ssm = ModalForm(self.num_heads, num_modes, device=self.out_proj.weight.device)

@@ -100,12 +100,15 @@ class HeadFits:
     exact: torch.Tensor
 
     @classmethod
-    def fit(cls, learned: torch.Tensor, num_modes: int, tolerance: float | None, method: str) -> HeadFits:
+    def fit(
+        cls, learned: torch.Tensor, num_modes: int, tolerance: float | None, method: str, eigensolver: str = "truncated"
+    ) -> HeadFits:
         """Fit the (H, L_max) ``learned`` kernels: at ``num_modes`` alone without a tolerance, else at each order of
-        ``1, 2, 4, …`` up to ``num_modes`` (and ``num_modes`` itself)."""
+        ``1, 2, 4, …`` up to ``num_modes`` (and ``num_modes`` itself). Every order shares one Hankel basis (the
+        ``2·num_modes`` leading eigenvectors, by ``eigensolver``: see :func:`ssmhub.ops.modal.fit_modal_kernel`)."""
         ladder = {1 << k for k in range(num_modes.bit_length())} | {num_modes}
         orders = [num_modes] if tolerance is None else sorted(n for n in ladder if n <= num_modes)
-        fits = fit_modal_kernels(learned, orders, method)
+        fits = fit_modal_kernels(learned, orders, method, eigensolver=eigensolver)
         errors = torch.stack([f.relative_error for f in fits])  # (orders, H)
         meets = errors <= (tolerance if tolerance is not None else float("inf"))
         choice = torch.where(meets.any(0), meets.to(torch.int8).argmax(0), len(orders) - 1)  # (H,): first order met

@@ -15,14 +15,18 @@ Parameter names and layouts are those of transformers' ``MambaMixer`` (``in_proj
 (ssmhub's rule: recurrence parameters stay float32 and get no weight decay).
 :func:`ssmhub.models.serpent.convert_mamba_checkpoint` maps the names.
 
-Padding: a masked position's input is zeroed before ``in_proj`` and after the convolution, and its
-Δ is 0, so it leaves the SSM state exactly unchanged; left-padded rows give the numbers of the row alone.
+Padding: a masked position is no token at all. Its input is zeroed before ``in_proj`` and after the
+convolution, its Δ is 0 (the SSM state is left exactly unchanged), and the convolution skips it: a real token's
+taps meet the k − 1 real tokens before it and the window holds at a pad, in the parallel form
+(:func:`~ssmhub.ops.short_conv.causal_depthwise_conv` with ``mask``) and in the step (:func:`mamba_step`). So a row
+with pads anywhere (left padding, holes inside it) gives the numbers of the row without them.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -36,7 +40,7 @@ from ..ops.triton.selective_scan import can_run_selective_scan, selective_scan_t
 from .initial_values import fill_initial_values
 from .mamba_options import MambaOptions
 from .mixer import TokenMixer
-from .stacking import batched_linear, kept_stack, stack
+from .stacking import kept_stack, linear_maps, stack
 
 __all__ = ["MambaMixer", "MambaOptions", "MambaStepWeights", "mamba_step", "scan_for", "stack_step_weights"]
 
@@ -170,8 +174,8 @@ class MambaMixer(TokenMixer):
 
     def conv_state_after(self, x: torch.Tensor, state: dict[str, torch.Tensor], ends: torch.Tensor) -> torch.Tensor:
         """The convolution's window after each row's first ``ends`` (B,) tokens of x (B, L, H), continuing
-        ``state``: (B, E, k − 1) float32, what a forward over those tokens alone leaves (a masked forward shifts its
-        padding's inputs into the window; the SSM state and the outputs of the real tokens need no such care)."""
+        ``state``: (B, E, k − 1) float32, what a forward over those tokens alone leaves (and what a forward with the
+        mask of those tokens returns: pads leave the window as it was)."""
         u = self.in_proj(x)[..., : self.intermediate_size]  # (B, L, E): the convolution's inputs
         history = state["conv_state"].transpose(1, 2).to(u.dtype)  # (B, k − 1, E)
         return conv_window(history, u, ends=ends).transpose(1, 2).float().contiguous()
@@ -193,18 +197,19 @@ class MambaMixer(TokenMixer):
         return self.conv1d.weight[:, 0, :]  # (E, k): tap k − 1 meets the newest input
 
     # ----------------------------------------------------------------------------- forward
-    def _forward(self, x, mask, state, return_state, starts=None):
-        """x (B, L, H) -> y (B, L, output_size); ``starts`` (B, L) bool or None: document starts of packed rows."""
+    def _forward(self, x, mask, state, return_state, rows=None):
+        """x (B, L, H) -> y (B, L, output_size); ``rows`` (:class:`~ssmhub.layers.packing.PackedRows`) or None: the
+        document starts of packed rows."""
         batch = x.shape[0]
+        starts = None if rows is None else rows.starts  # (B, L) bool
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, L, E) each
         if state is None:  # (B, k − 1, E): the inputs before u, oldest first (zeros before the first token)
             history = u.new_zeros(batch, self.conv_kernel - 1, u.shape[-1])
         else:
             history = state["conv_state"].transpose(1, 2).to(u.dtype)
         conv_inputs = u
-        u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history, starts))  # (B, L, E)
-        if mask is not None:  # the conv bias made masked positions nonzero again
-            u = u * mask.unsqueeze(-1).to(u.dtype)
+        # (B, L, E), 0 at pads (the convolution's output there is 0, and SiLU(0) = 0)
+        u = F.silu(causal_depthwise_conv(u, self._conv_taps(), self.conv1d.bias, history, starts, mask))
         delta, B, C = self._selective_inputs(u, mask)
         y, ssm_final = scan_for(self.scan, u)(
             u,
@@ -221,7 +226,8 @@ class MambaMixer(TokenMixer):
         out = self.out_proj(y.to(x.dtype))
         if not return_state:
             return out, None
-        conv_final = conv_window(history, conv_inputs, starts).transpose(1, 2).float().contiguous()  # (B, E, k − 1)
+        conv_final = conv_window(history, conv_inputs, starts, mask=mask)  # (B, k − 1, E): pads skipped
+        conv_final = conv_final.transpose(1, 2).float().contiguous()  # (B, E, k − 1)
         return out, {"conv_state": conv_final, "ssm_state": ssm_final}
 
     def _step(self, x_t, state, mask_t):
@@ -242,38 +248,35 @@ class MambaMixer(TokenMixer):
 
 # --------------------------------------------------------------------------------------------- the decode step
 class MambaStepWeights(NamedTuple):
-    """What a decode step reads of R Mamba mixers of one shape, stacked (R = 1: a mixer alone), matmul weights as
-    right operands: in_weight (R, H, 2E), in_bias (R, 1, 2E) or None; conv_taps (R, 1, E, k), conv_bias
-    (R, 1, E) or None; x_weight (R, E, rank + 2N); dt_weight (R, rank, E), dt_bias (R, 1, E); out_weight
-    (R, E, H_out), out_bias (R, 1, H_out) or None; A (R, 1, E, N) float32; D (R, 1, E)."""
+    """What a decode step reads of R Mamba mixers of one shape (R = 1: a mixer alone): the projections as maps
+    (R, B, in) -> (R, B, out) (:func:`~ssmhub.layers.stacking.linear_maps`: one batched matmul over stacked plain
+    weights, or each module itself where it is quantized): in_proj (H -> 2E), x_proj (E -> rank + 2N), dt_proj
+    (rank -> E), out_proj (E -> H_out); and stacked tensors: conv_taps (R, 1, E, k), conv_bias (R, 1, E) or None,
+    A (R, 1, E, N) float32, D (R, 1, E); rank, the time step's rank."""
 
-    in_weight: torch.Tensor
-    in_bias: torch.Tensor | None
+    in_proj: Callable[[torch.Tensor], torch.Tensor]
     conv_taps: torch.Tensor
     conv_bias: torch.Tensor | None
-    x_weight: torch.Tensor
-    dt_weight: torch.Tensor
-    dt_bias: torch.Tensor
-    out_weight: torch.Tensor
-    out_bias: torch.Tensor | None
+    x_proj: Callable[[torch.Tensor], torch.Tensor]
+    dt_proj: Callable[[torch.Tensor], torch.Tensor]
+    out_proj: Callable[[torch.Tensor], torch.Tensor]
     A: torch.Tensor
     D: torch.Tensor
+    rank: int
 
 
 def stack_step_weights(mixers: list[MambaMixer]) -> MambaStepWeights:
     """The step weights of ``mixers`` (one shape), stacked along a leading dim."""
     return MambaStepWeights(
-        in_weight=stack([m.in_proj.weight for m in mixers], transpose=True),
-        in_bias=stack([m.in_proj.bias for m in mixers], middle=True),
+        in_proj=linear_maps([m.in_proj for m in mixers]),
         conv_taps=stack([m._conv_taps() for m in mixers], middle=True),
         conv_bias=stack([m.conv1d.bias for m in mixers], middle=True),
-        x_weight=stack([m.x_proj.weight for m in mixers], transpose=True),
-        dt_weight=stack([m.dt_proj.weight for m in mixers], transpose=True),
-        dt_bias=stack([m.dt_proj.bias for m in mixers], middle=True),
-        out_weight=stack([m.out_proj.weight for m in mixers], transpose=True),
-        out_bias=stack([m.out_proj.bias for m in mixers], middle=True),
+        x_proj=linear_maps([m.x_proj for m in mixers]),
+        dt_proj=linear_maps([m.dt_proj for m in mixers]),
+        out_proj=linear_maps([m.out_proj for m in mixers]),
         A=stack([m.A() for m in mixers], middle=True),
         D=stack([m.ssm.D for m in mixers], middle=True),
+        rank=mixers[0].time_step_rank,
     )
 
 
@@ -283,12 +286,12 @@ def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
     Args:
         w: :func:`stack_step_weights` of the mixers. x: (R, B, H) each mixer's input. conv_state: (R, B, E, k − 1),
             the convolution's last inputs, oldest first. ssm_state: (R, B, E, N). mask_t: None or (B,), 0 where the
-            token is padding (it then leaves both states unchanged).
+            token is padding (it then leaves both states unchanged: the window holds, Δ = 0).
 
     Returns:
         y (R, B, H_out) in x's dtype, conv_state (R, B, E, k − 1) and ssm_state (R, B, E, N) float32.
     """
-    u, z = batched_linear(x, w.in_weight, w.in_bias).chunk(2, dim=-1)  # (R, B, E) each
+    u, z = w.in_proj(x).chunk(2, dim=-1)  # (R, B, E) each
     window = torch.cat([conv_state.to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (R, B, E, k), newest last
     u = (window * w.conv_taps.to(u.dtype)).sum(-1)
     if w.conv_bias is not None:
@@ -296,11 +299,14 @@ def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
     u = F.silu(u)
     if mask_t is not None:  # the conv bias made a pad's input nonzero again
         u = u * mask_t[:, None].to(u.dtype)
-    rank, state_size = w.dt_weight.shape[1], w.A.shape[-1]
-    time_step, B, C = torch.split(batched_linear(u, w.x_weight, None), [rank, state_size, state_size], dim=-1)
-    delta = F.softplus(batched_linear(time_step, w.dt_weight, w.dt_bias).float())  # (R, B, E): softplus(δ W_dt + b_dt)
+    state_size = w.A.shape[-1]
+    time_step, B, C = torch.split(w.x_proj(u), [w.rank, state_size, state_size], dim=-1)
+    delta = F.softplus(w.dt_proj(time_step).float())  # (R, B, E): softplus(δ W_dt + b_dt)
     if mask_t is not None:  # Δ = 0: the pad leaves the SSM state unchanged
         delta = delta * mask_t[:, None].to(delta.dtype)
     y, ssm_state = selective_step(u, delta, w.A, B, C, D=w.D, z_t=z, state=ssm_state)  # (R, B, E), (R, B, E, N)
-    y = batched_linear(y.to(x.dtype), w.out_weight, w.out_bias)  # (R, B, H_out)
-    return y, window[..., 1:].float(), ssm_state
+    y = w.out_proj(y.to(x.dtype))  # (R, B, H_out)
+    new_conv_state = window[..., 1:].float()  # (R, B, E, k − 1)
+    if mask_t is not None:  # a pad is no input: the window holds
+        new_conv_state = torch.where(mask_t[:, None, None] != 0, new_conv_state, conv_state.float())
+    return y, new_conv_state, ssm_state

@@ -18,8 +18,10 @@ to a mixer that reads later tokens; and implements the hook long documents need:
 Packed rows run every document alone, batched through the mixer's own parallel ``_forward``
 (:mod:`ssmhub.layers.packing`); a mixer whose ``_forward`` restarts its states at ``starts`` itself (the same
 numbers, at the cost of an unpacked row) says so with ``native_packing = True`` and gets them as its last
-argument. Exact rollback (assisted decoding) needs nothing of a mixer: the cache keeps the states before a
-verification forward and replays the accepted tokens (:mod:`ssmhub.cache`).
+argument, a :class:`~ssmhub.layers.packing.PackedRows` (``rows.starts`` is the (B, L) bool tensor; a mixer that
+runs mixers inside it passes ``rows`` on as their ``document_starts``, so they share its sizes). Exact rollback
+(assisted decoding) needs nothing of a mixer: the cache keeps the states before a verification forward and replays
+the accepted tokens (:mod:`ssmhub.cache`).
 
 How a new mixer joins:
 
@@ -66,7 +68,7 @@ class TokenMixer(nn.Module):
 
     hidden_size: int  # the width of x
     causal: bool = True  # False: an output may depend on later tokens, so there is no state to carry
-    native_packing: bool = False  # True: ``_forward(x, mask, state, return_state, starts)`` runs packed rows itself
+    native_packing: bool = False  # True: ``_forward(x, mask, state, return_state, rows)`` runs packed rows itself
 
     # ----------------------------------------------------------------------------- what a mixer implements
     def _forward(self, x: torch.Tensor, mask, state, return_state: bool) -> tuple[torch.Tensor, MixerState | None]:
@@ -115,8 +117,7 @@ class TokenMixer(nn.Module):
         if document_starts is not None:
             rows = PackedRows.of(document_starts, x.shape[:2])
             if self.native_packing:
-                with rows.passed_on():
-                    return self._forward(x, mask, state, return_state, rows.starts)
+                return self._forward(x, mask, state, return_state, rows)
             return self._forward_documents(x, mask, state, return_state, rows)
         if state is not None and x.shape[1] == 1:
             y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])

@@ -15,12 +15,12 @@ S and W are shapes, so they must be host integers. :class:`PackedRows` carries t
 (a collator computes them on the CPU: transformers' ``DataCollatorWithFlattening`` passes ``max_length_q`` and
 the ``cu_seq_lens`` of its documents) and builds the map once for every layer of a forward: with both known,
 nothing is read back from the device; without them, the first layer that needs the map reads both in one transfer.
+A mixer that runs packed rows itself gets the :class:`PackedRows` and hands the same object to the mixers inside it,
+so they share its sizes and map (an explicit argument, not hidden state: ``torch.compile`` traces it whole).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -62,37 +62,18 @@ class PackedRows:
 
     @classmethod
     def of(cls, document_starts: torch.Tensor | PackedRows, shape: tuple[int, ...]) -> PackedRows:
-        """``document_starts`` as packed rows of ``shape`` (B, L): the rows themselves, the rows whose ``starts`` a
-        native mixer passes on to the mixers inside it (:meth:`passed_on`), or new rows of a (B, L) bool tensor.
-        A ValueError names ``document_starts`` if its shape differs."""
-        if isinstance(document_starts, PackedRows):
-            rows = document_starts
-        elif (outer := _PASSED_ON.get()) is not None and outer.starts is document_starts:
-            rows = outer
-        else:
-            rows = cls(document_starts.to(torch.bool))
+        """``document_starts`` as packed rows of ``shape`` (B, L): the rows themselves (with their sizes and map),
+        or new rows of a (B, L) bool tensor. A ValueError names ``document_starts`` if its shape differs."""
+        rows = document_starts if isinstance(document_starts, PackedRows) else cls(document_starts.to(torch.bool))
         if rows.starts.shape != shape:
             raise ValueError(f"document_starts must have shape {tuple(shape)}; got {tuple(rows.starts.shape)}")
         return rows
-
-    @contextmanager
-    def passed_on(self):
-        """While a native mixer runs on ``starts``: the mixers inside it (SeRpEnt's resampling branches) given the
-        same tensor get these rows, with their sizes and map."""
-        token = _PASSED_ON.set(self)
-        try:
-            yield
-        finally:
-            _PASSED_ON.reset(token)
 
     def segments(self, continuing: bool) -> Segments:
         """The (S, W) map (:func:`split_documents`), built once per ``continuing`` (rows carry an incoming state)."""
         if continuing not in self._segments:
             self._segments[continuing] = split_documents(self.starts, continuing, self.count, self.width)
         return self._segments[continuing]
-
-
-_PASSED_ON: ContextVar[PackedRows | None] = ContextVar("ssmhub_packed_rows", default=None)
 
 
 def _bounds_and_offsets(starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,9 +97,10 @@ def split_documents(
     bounds, offset = _bounds_and_offsets(starts)  # (B, L), (B, L)
     if count is None or width is None:
         count, width = torch.stack([bounds.sum(), offset.max() + 1]).tolist()
-    else:  # the caller's bounds, checked on the device (a CUDA failure surfaces at a later launch: no sync here)
-        torch._assert_async(bounds.sum() <= count, f"packed rows hold more than count={count} segments")
-        torch._assert_async(offset.max() < width, f"a segment of the packed rows is longer than width={width}")
+    else:  # the caller's bounds, checked on the device (a CUDA failure surfaces at a later launch: no sync here);
+        # constant messages: under torch.compile count and width may be symbolic, which a format string refuses
+        torch._assert_async(bounds.sum() <= count, "packed rows hold more segments than their count bound")
+        torch._assert_async(offset.max() < width, "a segment of the packed rows is longer than their width bound")
     width = min(width, L)
     segment = bounds.flatten().long().cumsum(0) - 1  # (B·L,) each position's segment, in row-major order
     flat = torch.arange(B * L, device=starts.device)

@@ -1,17 +1,24 @@
 """The SeRpEnt mixer: Mamba branches over selectively resampled copies of the sequence (arXiv 2501.11729 §4).
 
-One block (Eq. 15) on x ∈ R^{B×L×H} with ``1 + len(resampling_rates)`` branches of width H_b = H / #branches:
+One block (Eq. 15) on x ∈ R^{B×L×H}: a base branch, a Mamba mixer over the full sequence (App. B.1 "a base
+branch with no resampling"), and one :class:`ResamplingBranch` per compression rate κ:
 
-- the base branch: a Mamba mixer over the full sequence (H → H_b; App. B.1 "a base branch with no
-  resampling"; the paper does not say how it maps H → H_b, here Mamba's own in/out projections do);
-- one :class:`ResamplingBranch` per compression rate κ:
-    1. Eq. 13: per-token steps ``Δ_l = σ(θ_Δ x_l)·Δ·(1−κ) + κΔ`` (a scalar per token; Δ learnable, init 1);
-    2. Eq. 9 / 11: times ``t_l = Σ_{i≤l} Δ_i`` (float64, exact; :mod:`ssmhub.ops.resampling`) and the uniform
-       grid ``t̄_j = jΔ``, j = 1..L̄, ``L̄ = ⌊t_{L−1}/Δ⌋``;
-    3. Eq. 12: ``x̄_j = θ_Γ(⊕_{k ∈ N_K(t̄_j)} [x_k, ε(t̄_j − t_k)])`` with G Gaussian distance features;
-    4. Eq. 15a: the branch's Mamba (H_b → H_b) over x̄;
-    5. Eq. 14b: back to length L by copying a grid output to every token.
-- Eq. 15b: the branch outputs are concatenated; the block's residual stream is the skip ``+ x``.
+1. Eq. 13: per-token steps ``Δ_l = σ(θ_Δ x_l)·Δ·(1−κ) + κΔ`` (a scalar per token; Δ learnable, init 1);
+2. Eq. 9 / 11: times ``t_l = Σ_{i≤l} Δ_i`` (float64, exact; :mod:`ssmhub.ops.resampling`) and the uniform
+   grid ``t̄_j = jΔ``, j = 1..L̄, ``L̄ = ⌊t_{L−1}/Δ⌋``;
+3. Eq. 12: ``x̄_j = θ_Γ(⊕_{k ∈ N_K(t̄_j)} [x_k, ε(t̄_j − t_k)])`` with G Gaussian distance features;
+4. Eq. 15a: the branch's Mamba (H_b → H_b) over x̄;
+5. Eq. 14b: back to length L by copying a grid output to every token.
+
+Two branch layouts (``SerpentOptions.branch_layout``). ``"concatenated"``, the paper's reading (Eq. 15b): the
+branches have width H_b = H / #branches, the base Mamba maps H → H_b with its own in/out projections (the paper
+does not say how), θ_Γ is dense over the window (K·(H + G) → H_b) and the branch outputs are concatenated.
+``"additive"`` (default; ours): the base branch is a whole Mamba block of width H; a branch projects x to a small
+width H_b first (``window_proj``), θ_Γ is depthwise per window slot (:class:`~.serpent_maps.DepthwiseWindowMap`)
+and the branch's output returns to H through a zero-initialised :class:`~.serpent_maps.BranchOutput` and is added to
+the base's. The paper's θ_Γ held about half of a concatenated model's parameters; here a branch costs about
+(H + 3·H_b)·H_b + K·(G + 1)·H_b + a Mamba of width H_b, and a Mamba checkpoint gains branches without changing
+its function. In both layouts the block's residual stream is the skip ``+ x``.
 
 Two resampling modes; the paper never discusses causality, and the causal mode is ours. ``"faithful"``: N_K is
 the K nearest tokens in time and the expansion copies the nearest grid point, as the paper writes it; output l
@@ -25,6 +32,8 @@ left-padded row gives the numbers of the row alone.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -49,6 +58,8 @@ from ..ops.resampling import (
 from .initial_values import fill_initial_values
 from .mamba import MambaMixer
 from .mixer import TokenMixer
+from .serpent_maps import BranchOutput, DenseWindowMap, DepthwiseWindowMap, StepProjection
+from .serpent_maps import linear_init_std as linear_init_std_of
 from .serpent_options import SerpentOptions
 from .serpent_step import stack_branches, stacked_weights, step_branches
 
@@ -65,6 +76,20 @@ def static_grid(x: torch.Tensor) -> bool:
     ``torch.compile`` (where it is a data-dependent shape). On the CPU the read waits for nothing, and a grid of
     max L̄ slots skips the θ_Γ and Mamba work of the slots past it (up to 1 − κ of the branch's grid)."""
     return not host_reads_are_free(x)
+
+
+class BranchGrid(NamedTuple):
+    """A branch's grid from the start of a sequence (:meth:`ResamplingBranch.grid`): ``aligned`` (B, Lg, H_b) the
+    grid inputs x̄, right-aligned; ``mask`` (B, Lg) its real slots; ``offset`` (B, 1) Lg − L̄; ``times`` (B, L)
+    float64 t_l; ``lattice``; ``inputs`` (B, L, W) the window inputs; ``static`` whether Lg = L (no host read)."""
+
+    aligned: torch.Tensor
+    mask: torch.Tensor
+    offset: torch.Tensor
+    times: torch.Tensor
+    lattice: ResamplingLattice
+    inputs: torch.Tensor
+    static: bool
 
 
 class ResamplingParameters(nn.Module):
@@ -102,11 +127,19 @@ class ResamplingBranch(TokenMixer):
     """One compressed branch of Eq. 15a: resample (Eq. 11-13), Mamba over the grid, expand back (Eq. 14b).
 
     Args:
-        hidden_size: H, the block's input width. branch_size: H_b, this branch's output width.
+        hidden_size: H, the block's input width. branch_size: H_b, the width of the branch's Mamba.
         resampling_rate: κ ∈ (0, 1], the minimum compression rate L̄/L.
         options: a :class:`SerpentOptions` (or a config holding its fields): the window K
-            (``resampling_window``), G (``num_distance_features``), the ``resampling_mode`` and the branch
-            Mamba's options; ``**values`` override single fields.
+            (``resampling_window``), G (``num_distance_features``), the ``resampling_mode``, the ``branch_layout``
+            and the branch Mamba's options; ``**values`` override single fields.
+        mamba: a Mamba mixer (width H_b) that this branch runs but does not own (the additive layout's mixer shares
+            one among its branches and registers it itself); None: the branch builds and owns its own.
+        linear_init_std: how the model initialises θ_Δ and θ_Γ (Eq. 13 and the concatenated layout's Eq. 12), as it
+            does its ``nn.Linear`` maps (:func:`~.serpent_maps.linear_init_std`); None: what ``options`` says (a
+            model config's ``init_scheme``), else torch.nn's defaults.
+
+    Concatenated layout: windows of x (width H), a dense θ_Γ, output H_b. Additive layout: windows of
+    ``window_proj(x)`` (width H_b), a depthwise θ_Γ, output ``output_proj`` (H_b → H, zero at first).
     """
 
     def __init__(
@@ -115,21 +148,37 @@ class ResamplingBranch(TokenMixer):
         branch_size: int,
         resampling_rate: float,
         options: SerpentOptions | None = None,
+        *,
+        mamba: MambaMixer | None = None,
+        linear_init_std: float | None = None,
         **values,
     ):
         super().__init__()
+        init_std = linear_init_std if linear_init_std is not None else linear_init_std_of(options)
         options = SerpentOptions.take(options, **values)
         options.check_options()
         if isinstance(resampling_rate, bool) or not 0 < resampling_rate <= 1:
             raise ValueError(f"{type(self).__name__}.resampling_rate must lie in (0, 1] (κ); got {resampling_rate}")
-        self.hidden_size, self.branch_size, self.output_size = hidden_size, branch_size, branch_size
         window, mode = options.resampling_window, options.resampling_mode
         self.resampling_rate, self.window, self.mode = resampling_rate, window, mode
         self.causal = mode == "causal"
-        self.step_proj = nn.Linear(hidden_size, 1)  # θ_Δ of Eq. 13
+        self.additive = options.branch_layout == "additive"
+        self.hidden_size, self.branch_size = hidden_size, branch_size
+        self.output_size = hidden_size if self.additive else branch_size
+        self.window_size = branch_size if self.additive else hidden_size  # W, the width of a window's inputs
         num_features = options.num_distance_features
-        self.compress = nn.Linear(window * (hidden_size + num_features), branch_size)  # θ_Γ of Eq. 12
-        self.mamba = MambaMixer(branch_size, options)
+        self.step_proj = StepProjection(hidden_size, init_std)  # θ_Δ of Eq. 13
+        if self.additive:
+            self.window_proj = nn.Linear(hidden_size, branch_size, bias=False)  # x (H) -> the windows' inputs (H_b)
+            self.compress = DepthwiseWindowMap(window, branch_size, num_features)  # θ_Γ, per slot
+        else:
+            self.compress = DenseWindowMap(window, hidden_size, num_features, branch_size, init_std)  # θ_Γ, Eq. 12
+        if mamba is None:
+            self.mamba = MambaMixer(branch_size, options)
+        else:  # shared: held but not registered here, so that its parameters are saved and counted once
+            self.__dict__["mamba"] = mamba
+        if self.additive:
+            self.output_proj = BranchOutput(branch_size, hidden_size, options.branch_output_init_std)
         self.ssm = ResamplingParameters(num_features, window, mode)
 
     # ----------------------------------------------------------------------------- pieces
@@ -137,29 +186,25 @@ class ResamplingBranch(TokenMixer):
         """Eq. 13: x (..., H) -> (Δ_l (...) float32 in [κΔ, Δ], Δ)."""
         grid_step = self.ssm.grid_step()
         kappa = self.resampling_rate
-        # A streamed token must get the very float32 Δ_l the parallel pass gives it, or the two clocks drift apart
-        # and cross grid points at different tokens. So θ_Δ·x is a product and a sum along H per token, not a
-        # matmul (whose rounding depends on how many tokens the call holds), and the gate is computed in
-        # float64 and rounded once to float32: torch's vectorized and scalar sigmoid differ in the last float32
-        # bit (a call over many tokens takes the first, a single token the second), while a float64 difference
-        # of an ulp changes the rounded float32 only at a rounding midpoint (odds about 2^-29 per token).
-        weight, bias = self.step_proj.weight[0].double(), self.step_proj.bias.double()
-        logit = (x.double() * weight).sum(-1) + bias
-        gate = torch.sigmoid(logit).float()
+        # θ_Δ·x in float64 (:class:`StepProjection`), and the gate computed in float64 and rounded once to float32:
+        # torch's vectorized and scalar sigmoid differ in the last float32 bit (a call over many tokens takes the
+        # first, a single token the second), while a float64 difference of an ulp changes the rounded float32 only
+        # at a rounding midpoint (odds about 2^-29 per token).
+        gate = torch.sigmoid(self.step_proj(x)).float()
         return gate * grid_step * (1 - kappa) + kappa * grid_step, grid_step
 
-    def _compress(self, inputs: torch.Tensor, distance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Eq. 12: window inputs (..., K, H), distances and validity (..., K) -> x̄ (..., H_b).
+    def window_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., H) -> what the windows hold (..., W): x itself (concatenated) or ``window_proj(x)`` (additive)."""
+        return self.window_proj(x) if self.additive else x
 
-        θ_Γ reads ``⊕_k [x_k, ε_k]``; its columns are split into those that read inputs and those that read
-        features, so that the (..., K, H + G) window is never concatenated (a copy K times the size of x)."""
+    def project_output(self, y: torch.Tensor) -> torch.Tensor:
+        """The branch Mamba's output (..., H_b) -> the branch's (..., output_size): ``output_proj`` (additive)."""
+        return self.output_proj(y) if self.additive else y
+
+    def _compress(self, inputs: torch.Tensor, distance: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Eq. 12: window inputs (..., K, W), distances and validity (..., K) -> x̄ (..., H_b)."""
         features = gaussian_distance_features(distance, self.ssm.distance_centers, valid)  # (..., K, G)
-        hidden = inputs.shape[-1]
-        weight = self.compress.weight.view(self.branch_size, self.window, -1)  # (H_b, K, H + G)
-        x_weight = weight[..., :hidden].reshape(self.branch_size, -1)  # (H_b, K·H)
-        f_weight = weight[..., hidden:].reshape(self.branch_size, -1)  # (H_b, K·G)
-        y = F.linear(inputs.flatten(-2), x_weight.to(inputs.dtype), self.compress.bias.to(inputs.dtype))
-        return y + F.linear(features.to(inputs.dtype).flatten(-2), f_weight.to(inputs.dtype))  # (..., H_b)
+        return self.compress(inputs, features)
 
     # ----------------------------------------------------------------------------- state
     def noncausal_reason(self) -> str:
@@ -167,8 +212,9 @@ class ResamplingBranch(TokenMixer):
 
     def state_layout(self, batch_size: int, dtype=None):
         """The stream of :func:`~ssmhub.ops.resampling.resampling_step` (clock and window times float64, grid and
-        token counters, the last K inputs), the held output ȳ_j and the branch Mamba's state; all zero at first."""
-        B, K, H = batch_size, self.window, self.hidden_size
+        token counters, the last K window inputs), the held output ȳ_j (before ``output_proj``) and the branch
+        Mamba's state; all zero at first."""
+        B, K, H = batch_size, self.window, self.window_size
         return {
             "clock": ((B,), torch.float64),
             "grid_count": ((B,), torch.long),
@@ -181,10 +227,12 @@ class ResamplingBranch(TokenMixer):
 
     # ----------------------------------------------------------------------------- forward
     def _forward(self, x, mask, state, return_state):
-        """x (B, L, H) -> y (B, L, H_b), in parallel: from the start, or continuing a streaming ``state``."""
+        """x (B, L, H) -> y (B, L, output_size), in parallel: from the start, or continuing a streaming ``state``."""
         if state is None:
-            return self._parallel(x, mask, return_state)
-        return self._continue(x, mask, state, return_state)
+            y, new_state = self._parallel(x, mask, return_state)
+        else:
+            y, new_state = self._continue(x, mask, state, return_state)
+        return self.project_output(y), new_state
 
     def _continue(self, x, mask, state, return_state):
         """The parallel path after a state (causal mode): the state's buffered K tokens go in front of x, times
@@ -193,7 +241,9 @@ class ResamplingBranch(TokenMixer):
         Tokens before the first new grid point hold the state's last output ȳ (as :meth:`_step` does)."""
         step, grid_step = self.steps(x)  # (B, L)
         lattice = self.ssm.lattice(grid_step)
-        stream = continued_stream(ResamplingState(*(state[name] for name in _STREAM_FIELDS)), x, step, lattice, mask)
+        stream = continued_stream(
+            ResamplingState(*(state[name] for name in _STREAM_FIELDS)), self.window_inputs(x), step, lattice, mask
+        )
         num_grid = x.shape[1] if static_grid(x) else None  # L new tokens pass at most L new grid points
         windows = causal_windows(stream.shifted, lattice, self.window, stream.mask, num_grid)  # (B, Lg, K): new points
         x_grid = self._compress(
@@ -226,35 +276,48 @@ class ResamplingBranch(TokenMixer):
         """x (B, L, H) -> y (B, L, H_b) from the start of the sequence. Where :func:`static_grid`, every shape is
         fixed by x's and nothing is read back from the device: the grid has L slots and the branch Mamba always
         takes the mask of its grid points."""
-        batch, length, _ = x.shape
+        grid = self.grid(x, mask)
+        if grid.aligned.shape[1]:
+            grid_mask = grid.mask if grid.static or not bool(grid.mask.all()) else None
+            y_aligned, mamba_state = self.mamba(grid.aligned, mask=grid_mask, return_state=return_state)
+        else:  # no row reached its first grid point yet
+            y_aligned, mamba_state = grid.aligned, None
+        return self.from_grid(x, mask, grid, y_aligned, mamba_state, return_state)
+
+    def grid(self, x, mask) -> BranchGrid:
+        """Eq. 13, 9, 11 and 12 from the start of x (B, L, H): the grid inputs x̄ of each row, right-aligned (its
+        L̄ grid points last, padding in front, so that the branch Mamba treats them as left padding and its state
+        after the last slot is the state after grid point L̄), and what :meth:`from_grid` needs."""
+        length = x.shape[1]
         static = static_grid(x)
         step, grid_step = self.steps(x)  # (B, L)
         lattice = self.ssm.lattice(grid_step)
         t = resampling_times(step, lattice, mask)  # (B, L) float64, Eq. 9
         find_windows = causal_windows if self.mode == "causal" else nearest_windows
         windows = find_windows(t, lattice, self.window, mask, num_grid=length if static else None)  # (B, Lg, K) each
+        inputs = self.window_inputs(x)  # (B, L, W)
         x_grid = self._compress(
-            gather_windows(x, windows.index, windows.valid), windows.distance, windows.valid
+            gather_windows(inputs, windows.index, windows.valid), windows.distance, windows.valid
         )  # (B, Lg, H_b), Lg = L or max L̄
-        # Right-align each row's L̄ grid points (batch padding in front), so that the branch Mamba treats
-        # them as left padding: its state after the last slot is the state after grid point L̄.
         num_grid = x_grid.shape[1]
-        grid_sizes = windows.grid_mask.sum(1)  # (B,) L̄
-        offset = (num_grid - grid_sizes)[:, None]  # (B, 1)
+        offset = (num_grid - windows.grid_mask.sum(1))[:, None]  # (B, 1): Lg − L̄
         slots = torch.arange(num_grid, device=x.device)[None, :]  # (1, Lg)
-        aligned_mask = slots >= offset  # (B, Lg)
         aligned = x_grid.gather(1, (slots - offset).clamp(min=0)[..., None].expand_as(x_grid))  # (B, Lg, H_b)
-        if num_grid:
-            grid_mask = aligned_mask if static or not bool(aligned_mask.all()) else None
-            y_aligned, mamba_state = self.mamba(aligned, mask=grid_mask, return_state=return_state)  # (B, Lg, H_b)
-        else:  # no row reached its first grid point yet
-            y_aligned, mamba_state = aligned, None
-        y_grid = y_aligned.gather(1, (slots + offset).clamp(max=max(num_grid - 1, 0))[..., None].expand_as(y_aligned))
+        return BranchGrid(aligned, slots >= offset, offset, t, lattice, inputs, static)
+
+    def from_grid(self, x, mask, grid: BranchGrid, y_aligned, mamba_state, return_state):
+        """The branch Mamba's outputs over :meth:`grid`'s slots (B, Lg, H_b) and its state (or None: no grid point
+        in any row) -> y (B, L, H_b) by Eq. 14b, and the branch's state if ``return_state``."""
+        batch, length, _ = x.shape
+        num_grid = y_aligned.shape[1]
+        slots = torch.arange(num_grid, device=x.device)[None, :]  # (1, Lg)
+        back = (slots + grid.offset).clamp(max=max(num_grid - 1, 0))  # (B, Lg): slot of grid point j at j − 1
+        y_grid = y_aligned.gather(1, back[..., None].expand_as(y_aligned))
         expand = expand_floor if self.mode == "causal" else expand_nearest
-        y = expand(y_grid, t, lattice)  # (B, L, H_b), Eq. 14b
+        y = expand(y_grid, grid.times, grid.lattice)  # (B, L, H_b), Eq. 14b
         if not return_state:
             return y, None
-        stream = resampling_prefill(x.float(), t, lattice, self.window, mask)
+        stream = resampling_prefill(grid.inputs.float(), grid.times, grid.lattice, self.window, mask)
         if mamba_state is None:  # no grid point in any row yet
             mamba_state = self.mamba.init_state(batch, device=x.device)
         held = y[:, -1].float() if length else x.new_zeros(batch, self.branch_size, dtype=torch.float32)
@@ -266,7 +329,7 @@ class ResamplingBranch(TokenMixer):
         before the first grid point). The step of a mixer's branches at once (:func:`step_branches`), R = 1."""
         stacked = {name: value.unsqueeze(1) for name, value in state.items()}  # (B, 1, ...)
         y_t, new_state = step_branches(stacked_weights(self, [self]), x_t, stacked, mask_t)
-        return y_t[:, 0], {name: value[:, 0] for name, value in new_state.items()}
+        return self.project_output(y_t[:, 0]), {name: value[:, 0] for name, value in new_state.items()}
 
     def extra_repr(self) -> str:
         return f"resampling_rate={self.resampling_rate}, window={self.window}, mode={self.mode!r}"
@@ -276,7 +339,7 @@ class SerpentMixer(TokenMixer):
     """SeRpEnt token mixer (Eq. 15; :class:`~ssmhub.layers.mixer.TokenMixer`).
 
     Args:
-        hidden_size: H, split into 1 + len(resampling_rates) branches (:meth:`SerpentOptions.branch_widths`).
+        hidden_size: H; the branches' widths follow ``branch_layout`` (:meth:`SerpentOptions.branch_widths`).
         options: a :class:`SerpentOptions` (or a ``SerpentConfig``, which is one); ``**values`` override single
             fields. With ``resampling_rates=[]`` the mixer is a plain Mamba mixer.
     """
@@ -287,15 +350,23 @@ class SerpentMixer(TokenMixer):
 
     def __init__(self, hidden_size: int, options: SerpentOptions | None = None, **values):
         super().__init__()
+        init_std = linear_init_std_of(options)  # a model config's init of linear maps, which θ_Δ and θ_Γ follow
         options = SerpentOptions.take(options, **values)
         options.check_options(hidden_size)
         self.hidden_size = hidden_size
         self.base_size, self.branch_size = options.branch_widths(hidden_size)
-        self.resampling_mode = options.resampling_mode
+        self.resampling_mode, self.branch_layout = options.resampling_mode, options.branch_layout
         self.causal = options.resampling_mode == "causal"
+        self.additive = options.branch_layout == "additive"
         self.base = MambaMixer(hidden_size, options, output_size=self.base_size)
+        # additive: one Mamba of width H_b runs every branch's grid, all branches in one batch (a scan's cost on a
+        # CPU is mostly its number of ops, whatever its width); concatenated: each branch its own (the paper's)
+        shared = MambaMixer(self.branch_size, options) if self.additive and options.resampling_rates else None
+        if shared is not None:
+            self.branch_mamba = shared
         self.resampled = nn.ModuleList(
-            ResamplingBranch(hidden_size, self.branch_size, kappa, options) for kappa in options.resampling_rates
+            ResamplingBranch(hidden_size, self.branch_size, kappa, options, mamba=shared, linear_init_std=init_std)
+            for kappa in options.resampling_rates
         )
 
     def noncausal_reason(self) -> str:
@@ -323,15 +394,19 @@ class SerpentMixer(TokenMixer):
         slices = [{name: value[:, i] for name, value in stacked.items()} for i in range(len(self.resampled))]
         return [self._part(state, "base"), *slices]
 
-    def _forward(self, x, mask, state, return_state, starts=None):
-        """x (B, L, H) -> y (B, L, H): the branch outputs concatenated (Eq. 15b without the skip, which is
-        the block's residual); ``starts`` (B, L) bool or None: document starts of packed rows."""
-        branches = [self.base, *self.resampled]
-        results = [
-            branch(x, mask, branch_state, return_state, document_starts=starts)
-            for branch, branch_state in zip(branches, self._branch_states(state))
-        ]
-        y = torch.cat([y for y, _ in results], dim=-1) if len(results) > 1 else results[0][0]  # (B, L, H)
+    def _forward(self, x, mask, state, return_state, rows=None):
+        """x (B, L, H) -> y (B, L, H): the branch outputs added (additive) or concatenated (Eq. 15b), without the
+        skip, which is the block's residual; ``rows`` (:class:`~ssmhub.layers.packing.PackedRows`) or None: the document
+        starts of packed rows, handed to every branch (they share its sizes and map)."""
+        if self.additive and state is None and rows is None and len(self.resampled) > 1:
+            results = [self.base(x, mask, return_state=return_state), *self._branches_batched(x, mask, return_state)]
+        else:
+            branches = [self.base, *self.resampled]
+            results = [
+                branch(x, mask, branch_state, return_state, document_starts=rows)
+                for branch, branch_state in zip(branches, self._branch_states(state))
+            ]
+        y = self._combine([y for y, _ in results])  # (B, L, H)
         if not return_state:
             return y, None
         new_state = {f"base.{name}": value for name, value in results[0][1].items()}
@@ -339,6 +414,37 @@ class SerpentMixer(TokenMixer):
             for name in results[1][1]:
                 new_state[f"resampled.{name}"] = torch.stack([s[name] for _, s in results[1:]], dim=1)  # (B, R, ...)
         return y, new_state
+
+    def _branches_batched(self, x, mask, return_state):
+        """Every resampling branch from the start of x (B, L, H), their shared Mamba run once over all their grids:
+        each branch's right-aligned grid (:meth:`ResamplingBranch.grid`) left-padded to the longest, stacked along
+        the batch, (R·B, Lg, H_b). Padding slots are masked, so each (branch, row) is the sequence of its own grid
+        points, as :meth:`ResamplingBranch._parallel` runs it alone. Returns each branch's ``(y, state)``."""
+        batch = x.shape[0]
+        grids = [branch.grid(x, mask) for branch in self.resampled]
+        num_grid = max(grid.aligned.shape[1] for grid in grids)
+        y, mamba_state = None, None
+        if num_grid:
+            aligned = torch.cat([F.pad(g.aligned, (0, 0, num_grid - g.aligned.shape[1], 0)) for g in grids])
+            grid_mask = torch.cat([F.pad(g.mask, (num_grid - g.mask.shape[1], 0)) for g in grids])  # (R·B, Lg)
+            y, mamba_state = self.branch_mamba(aligned, mask=grid_mask, return_state=return_state)  # (R·B, Lg, H_b)
+        results = []
+        for i, (branch, grid) in enumerate(zip(self.resampled, grids)):
+            rows = slice(i * batch, (i + 1) * batch)
+            own = grid.aligned.shape[1]
+            y_i = grid.aligned if y is None else y[rows, num_grid - own :]  # (B, Lg_i, H_b)
+            state_i = None if mamba_state is None else {name: value[rows] for name, value in mamba_state.items()}
+            y_i, state_i = branch.from_grid(x, mask, grid, y_i, state_i, return_state)
+            results.append((branch.project_output(y_i), state_i))
+        return results
+
+    def _combine(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """The branches' outputs (B, ..., H each, additive; H_base and H_b, concatenated) -> the mixer's (B, ..., H)."""
+        if len(outputs) == 1:
+            return outputs[0]
+        if self.additive:
+            return torch.stack(outputs).sum(0)  # one sum, so the parallel and the step paths round alike
+        return torch.cat(outputs, dim=-1)
 
     def _step(self, x_t, state, mask_t):
         """One token through every branch, O(1) in the context length: the base Mamba, then the resampling
@@ -353,7 +459,8 @@ class SerpentMixer(TokenMixer):
             weights = stacked_weights(self, self.resampled)
             y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
         new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
-        return torch.cat([y_t, y_branches.flatten(1)], dim=-1), new_state  # (B, H_base + R·H_b), branch order
+        outputs = [branch.project_output(y_branches[:, i]) for i, branch in enumerate(self.resampled)]  # (B, ·) each
+        return self._combine([y_t, *outputs]), new_state  # (B, H)
 
     def _step_branches_one_by_one(self, x_t, stacked, mask_t):
         """:func:`step_branches` of each resampling branch alone (R = 1, its weights as views), restacked."""
@@ -369,5 +476,5 @@ class SerpentMixer(TokenMixer):
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, base_size={self.base_size}, branch_size={self.branch_size}, "
-            f"mode={self.resampling_mode!r}"
+            f"mode={self.resampling_mode!r}, layout={self.branch_layout!r}"
         )

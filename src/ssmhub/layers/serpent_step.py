@@ -5,8 +5,10 @@ clock and window (:func:`~ssmhub.ops.resampling.resampling_step`), Eq. 12's comp
 branch's Mamba. The branches share every shape (window K, G distance features, width H_b, the Mamba options)
 and differ only in their weights and κ, so this module stacks their weights along a leading branch dimension
 (:mod:`ssmhub.layers.stacking`) and runs each piece once for all of them, the Mambas through
-:func:`~ssmhub.layers.mamba.mamba_step`. :meth:`ResamplingBranch._step <ssmhub.layers.serpent.ResamplingBranch._step>`
-is this step with R = 1, so there is one implementation of the streaming branch.
+:func:`~ssmhub.layers.mamba.mamba_step`; the window input projections and θ_Γ are called branch by branch (modules,
+so that a quantized projection runs as it does in the parallel pass).
+:meth:`ResamplingBranch._step <ssmhub.layers.serpent.ResamplingBranch._step>` is this step with R = 1, so there is
+one implementation of the streaming branch.
 
 Layout: the mixer keeps its branches' states stacked, (B, R, ...) (batch first, as the cache wants every
 state); the streaming clock runs on the (B, R) rows with one lattice per branch, and the per-branch matmuls
@@ -27,7 +29,7 @@ from ..ops.resampling import (
     resampling_step,
 )
 from .mamba import MambaStepWeights, mamba_step, stack_step_weights
-from .stacking import batched_linear, kept_stack, stack
+from .stacking import kept_stack, stack
 
 __all__ = ["STREAM_FIELDS", "StackedBranches", "stack_branches", "stacked_weights", "step_branches"]
 
@@ -38,8 +40,8 @@ class StackedBranches(NamedTuple):
     """The weights of R resampling branches, stacked branch-first.
 
     Eq. 13: step_weight (R, H) and step_bias (R,) float64 (θ_Δ), grid_step (R,) Δ and its lattice,
-    one_minus_kappa and kappa (R,) float32. Eq. 12: centers (1, R, 1, G) μ; compress_weight (R, K·(H + G), H_b)
-    and compress_bias (R, 1, H_b), θ_Γ as the right operand of a matmul. mamba: the branch Mambas' step weights.
+    one_minus_kappa and kappa (R,) float32. Eq. 12: centers (1, R, 1, G) μ. mamba: the branch Mambas' step weights.
+    branches: the :class:`~ssmhub.layers.serpent.ResamplingBranch` modules themselves (their window inputs and θ_Γ).
     """
 
     step_weight: torch.Tensor
@@ -49,9 +51,8 @@ class StackedBranches(NamedTuple):
     one_minus_kappa: torch.Tensor
     kappa: torch.Tensor
     centers: torch.Tensor
-    compress_weight: torch.Tensor
-    compress_bias: torch.Tensor
     mamba: MambaStepWeights
+    branches: tuple
 
 
 def stack_branches(branches) -> StackedBranches:
@@ -66,15 +67,15 @@ def stack_branches(branches) -> StackedBranches:
         one_minus_kappa=torch.tensor([1 - b.resampling_rate for b in branches], dtype=torch.float32, device=device),
         kappa=torch.tensor([b.resampling_rate for b in branches], dtype=torch.float32, device=device),
         centers=stack([b.ssm.distance_centers for b in branches], middle=True)[None],
-        compress_weight=stack([b.compress.weight for b in branches], transpose=True),
-        compress_bias=stack([b.compress.bias for b in branches], middle=True),
         mamba=stack_step_weights([b.mamba for b in branches]),
+        branches=tuple(branches),
     )
 
 
 def stacked_weights(owner, branches) -> StackedBranches:
-    """:func:`stack_branches` of ``branches``, kept on ``owner`` (their mixer) between decode steps."""
-    return kept_stack(owner, branches, lambda: stack_branches(branches))
+    """:func:`stack_branches` of ``branches``, kept on ``owner`` (their mixer) between decode steps (made again when
+    a weight of a branch or of its Mamba, which the branches may share and not own, changed)."""
+    return kept_stack(owner, [*branches, *(b.mamba for b in branches)], lambda: stack_branches(branches))
 
 
 def _steps(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
@@ -87,11 +88,19 @@ def _steps(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
     return gate * w.grid_step * w.one_minus_kappa + w.kappa * w.grid_step
 
 
+def _window_inputs(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
+    """x_t (B, H) -> each branch's window input (B, R, W) float32 (:meth:`ResamplingBranch.window_inputs
+    <ssmhub.layers.serpent.ResamplingBranch.window_inputs>`: x_t itself in the concatenated layout)."""
+    if not w.branches[0].additive:
+        return x_t.float()[:, None].expand(x_t.shape[0], len(w.branches), x_t.shape[-1])  # every branch reads x_t
+    return torch.stack([branch.window_inputs(x_t) for branch in w.branches], dim=1).float()  # (B, R, H_b)
+
+
 def _compress(w: StackedBranches, inputs, distance, valid, dtype) -> torch.Tensor:
-    """Eq. 12: window inputs (B, R, K, H), distances and validity (B, R, K) -> x̄ (R, B, H_b), branch first."""
+    """Eq. 12: window inputs (B, R, K, W), distances and validity (B, R, K) -> x̄ (R, B, H_b), branch first."""
     features = gaussian_distance_features(distance, w.centers, valid)  # (B, R, K, G)
-    window = torch.cat([inputs.to(dtype), features.to(dtype)], dim=-1).flatten(-2)  # (B, R, K·(H + G))
-    return batched_linear(window.transpose(0, 1), w.compress_weight, w.compress_bias)  # (R, B, H_b)
+    inputs = inputs.to(dtype)
+    return torch.stack([branch.compress(inputs[:, i], features[:, i]) for i, branch in enumerate(w.branches)])
 
 
 def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.Tensor], mask_t):
@@ -111,7 +120,7 @@ def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.
     stream = ResamplingState(*(state[name] for name in STREAM_FIELDS))  # rows (B, R)
     stream, emission = resampling_step(
         stream,
-        x_t.float()[:, None].expand(batch, branches, x_t.shape[-1]),  # (B, R, H): every branch reads x_t
+        _window_inputs(w, x_t),  # (B, R, W)
         _steps(w, x_t),
         w.lattice,
         None if mask_t is None else mask_t[:, None].expand(batch, branches),

@@ -8,6 +8,7 @@ steps and makes it again only when a weight changed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -16,7 +17,7 @@ from torch import nn
 
 from .memo import can_keep, kept
 
-__all__ = ["batched_linear", "kept_stack", "stack"]
+__all__ = ["batched_linear", "kept_stack", "linear_maps", "stack"]
 
 Stacked = TypeVar("Stacked")
 
@@ -59,3 +60,18 @@ def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     :func:`stack` lays them out -> (R, B, out)."""
     weight = weight.to(x.dtype)
     return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.to(x.dtype), x, weight)
+
+
+def linear_maps(linears: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Each of R linear modules on its own slice at once, x (R, B, in) -> (R, B, out). Plain float ``nn.Linear`` s
+    are stacked (:func:`stack`) into one batched matmul; any other linear module (a quantized one: torchao's int8
+    weight tensor, ``quantize_dynamic``'s packed weights, whose ``weight`` is a method) runs as itself, so that a
+    decode step never reads a weight it cannot use."""
+    if all(isinstance(m, nn.Linear) and type(m.weight.data) is torch.Tensor for m in linears):
+        weight = stack([m.weight for m in linears], transpose=True)  # (R, in, out)
+        return functools.partial(batched_linear, weight=weight, bias=stack([m.bias for m in linears], middle=True))
+    return functools.partial(_each_module, list(linears))
+
+
+def _each_module(linears: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    return torch.stack([linear(x_r) for linear, x_r in zip(linears, x)])  # (R, B, out)

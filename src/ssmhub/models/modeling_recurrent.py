@@ -202,14 +202,16 @@ class RecurrentPreTrainedModel(PreTrainedModel):
     ) -> list[dict]:
         """Parameter groups for a torch optimizer.
 
-        Weight decay applies to the matrices of linear maps only; biases, norms, embeddings (also when
-        tied to the LM head) and the
-        recurrence parameters (``*.ssm.*``) get none. The recurrence parameters get their own
-        learning rate: ``recurrence_lr``, else ``config.recurrence_learning_rate``, else ``lr``.
+        Weight decay applies to the matrices of linear maps only (``nn.Linear`` weights, and those a module lists
+        in ``decayed_parameters``: maps written without ``nn.Linear``); biases, norms, embeddings (also when
+        tied to the LM head) and the recurrence parameters (``*.ssm.*``) get none. The recurrence parameters get
+        their own learning rate: ``recurrence_lr``, else ``config.recurrence_learning_rate``, else ``lr``.
         """
         decay, no_decay, recurrence = [], [], []
         embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
-        linear_weights = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)} - embeddings
+        linear_weights = {id(m.weight) for m in self.modules() if isinstance(m, nn.Linear)}
+        listed = {id(getattr(m, name)) for m in self.modules() for name in getattr(m, "decayed_parameters", ())}
+        linear_weights = (linear_weights | listed) - embeddings
         for name, param in self.named_parameters():
             if not param.requires_grad:
                 continue

@@ -45,10 +45,18 @@ Method ``"hankel"``, the reference (Kung's / ERA / ESPRIT state-space identifica
 Model-order reduction (``method="balanced"``, ``"best"``, ``"refined"``; LaughingHyena, Massaroli et al. 2023,
 arXiv 2310.18780, §3.2, distils long-conv filters by model-order reduction with the order chosen per filter):
 
-- ``"balanced"``: balanced truncation of the FIR system of the tail through its whole T×T Hankel operator
-  (symmetric, so one ``eigh``; its eigenvalue moduli are the Hankel singular values,
+- ``"balanced"``: balanced truncation of the FIR system of the tail through its T×T Hankel operator (symmetric:
+  its leading ``2N`` eigenvectors are its singular vectors, its eigenvalue moduli the Hankel singular values,
   :func:`hankel_singular_values`), poles of the truncated balanced realisation (:func:`_balanced_poles`), then
-  the same least-squares residues. Allows ``N ≤ T/2`` (2N real states, the size of the exact window).
+  the same least-squares residues. Allows ``N ≤ T/2`` (2N real states, the size of the exact window). The
+  eigenvectors come from :mod:`ssmhub.ops.hankel`: by default (``eigensolver="truncated"``) only the ``2N``
+  leading ones, from a block Krylov space of the operator applied by FFT, batched over channels (``O(T·m²)``
+  with a basis of ``m = max(4N, 2N + 64)`` columns instead of ``O(T³)``; where ``m > T/4`` the dense route, which
+  is then as cheap); ``eigensolver="dense"`` is one ``eigh`` of the whole operator per channel, the reference.
+  The two agree on kernels whose Hankel singular values fall off (trained, smoothed kernels: tests hold the
+  truncated fit's error within 1% of the dense one); on noise-like kernels (a random init) at large N the
+  truncated basis is less accurate and the balanced candidate a few percent worse (measured in
+  benchmarks/results/h3_distillation_speed.md).
 - ``"best"``: per channel the smallest error among the hankel, balanced and frequency-sampling candidates
   (:func:`_circle_poles`: poles spread on a circle, which fit delays, whose own realisation is nilpotent and
   has no modal form), each with least-squares residues, so never worse than the reference, channel by channel.
@@ -56,8 +64,9 @@ arXiv 2310.18780, §3.2, distils long-conv filters by model-order reduction with
   best iterate; residues refitted by least squares at the end). Measured in benchmarks/results/h3_distillation.md.
 
 Everything is float64/complex128 and batched over channels (in blocks, to bound memory).
-Cost per channel: ``O(M·P² + P³ + T·N + N³)`` (Gram, eigh, right-hand side ``Σ_t K[t] λ^t``, solves);
-the wall time of a whole model's distillation is in benchmarks/results/h3_decode_vs_context.md.
+Cost per channel: ``O(M·P² + P³ + T·N + N³)`` (Gram, eigh, right-hand side ``Σ_t K[t] λ^t``, solves) for
+``"hankel"``, plus the Hankel eigenvectors for the others; the time of a whole model's distillation (truncated vs
+dense eigensolver) is in benchmarks/results/h3_distillation_speed.md.
 
 Known failure modes and limits:
 
@@ -91,6 +100,7 @@ import torch
 
 from .diagonal_step import diagonal_step, polar_parts
 from .fftconv import fft_conv
+from .hankel import EIGENSOLVERS, balanced_basis, krylov_dimension, square_hankel, uses_krylov
 from .precision import float32_math
 
 __all__ = [
@@ -345,23 +355,6 @@ def _esprit_poles(tail: torch.Tensor, order: int, cols: int) -> torch.Tensor:
     return torch.linalg.eigvals(phi)  # (H, r) conjugate pairs or real
 
 
-def _square_hankel(tail: torch.Tensor) -> torch.Tensor:
-    """The T×T Hankel operator of the FIR tail (H, T): ``𝓗[i, j] = tail[i + j]`` for ``i + j < T``, else 0 (H, T, T).
-
-    It is symmetric, so its singular values are the moduli of its eigenvalues (the Hankel singular values).
-    """
-    taps = tail.shape[-1]
-    return torch.nn.functional.pad(tail, (0, taps)).unfold(-1, taps, 1)[:, :taps]  # (H, T, T)
-
-
-def _hankel_eigvecs(tail: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hankel singular values (H, T), descending, and the matching eigenvectors (H, T, T) of :func:`_square_hankel`."""
-    evals, evecs = torch.linalg.eigh(_square_hankel(tail))  # ascending eigenvalues of the symmetric 𝓗
-    order = evals.abs().argsort(dim=-1, descending=True)  # (H, T)
-    sigma = torch.gather(evals.abs(), -1, order)
-    return sigma, torch.gather(evecs, -1, order.unsqueeze(-2).expand_as(evecs))
-
-
 @float32_math
 def hankel_singular_values(kernel: torch.Tensor, direct_term: bool = True) -> torch.Tensor:
     """The Hankel singular values ``σ_1 ≥ σ_2 ≥ …`` of each row of ``kernel`` (H, L): (H, T) float32.
@@ -380,7 +373,7 @@ def hankel_singular_values(kernel: torch.Tensor, direct_term: bool = True) -> to
     block = max(1, _DENSE_ELEMENTS // tail.shape[-1] ** 2)
     return (
         torch.cat(
-            [torch.linalg.eigvalsh(_square_hankel(tail[h : h + block])).abs() for h in range(0, tail.shape[0], block)]
+            [torch.linalg.eigvalsh(square_hankel(tail[h : h + block])).abs() for h in range(0, tail.shape[0], block)]
         )
         .sort(dim=-1, descending=True)
         .values.float()
@@ -487,7 +480,7 @@ def _select_modes(poles: torch.Tensor, tail_kernel: torch.Tensor, num_modes: int
     return tuple(torch.gather(x, -1, order_idx) for x in (log_modulus, phase, valid))
 
 
-def _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block) -> None:
+def _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block, eigensolver="truncated") -> None:
     """Every argument of :func:`fit_modal_kernel` checked before any fitting (ValueError naming the bad one)."""
     if not isinstance(kernel, torch.Tensor) or kernel.dim() != 2:
         raise ValueError(f"kernel must be a 2-D (H, L) tensor; got {getattr(kernel, 'shape', type(kernel))}")
@@ -507,6 +500,8 @@ def _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block) 
         )
     if isinstance(channel_block, bool) or not isinstance(channel_block, int) or channel_block < 1:
         raise ValueError(f"channel_block must be a positive int; got {channel_block!r}")
+    if eigensolver not in EIGENSOLVERS:
+        raise ValueError(f"eigensolver must be one of {EIGENSOLVERS}; got {eigensolver!r}")
     if not bool(torch.isfinite(kernel).all()):
         raise ValueError("kernel has non-finite entries")
 
@@ -520,6 +515,7 @@ def fit_modal_kernel(
     hankel_cols: int | None = None,
     channel_block: int = 64,
     refine_steps: int = 300,
+    eigensolver: str = "truncated",
 ) -> ModalKernel:
     """Fit each row of ``kernel`` (H, L) with ``num_modes`` complex exponentials (see the module docstring).
 
@@ -537,12 +533,18 @@ def fit_modal_kernel(
             ``min(max(4N, 128), 256)`` capped to the length. More columns: more averaging, ``O(M·P²)`` per channel.
         channel_block: channels fitted together (bounds memory).
         refine_steps: Adam steps of the ``"refined"`` method.
+        eigensolver: how the balanced-truncation candidates get the leading Hankel eigenvectors: ``"truncated"``
+            (default: the ``2N`` leading ones from a block Krylov space on the FFT-applied operator,
+            :func:`ssmhub.ops.hankel.leading_hankel_eigvecs`, where its basis is at most T/4, else dense) or
+            ``"dense"`` (one ``eigh`` of the whole T×T operator per channel, ``O(T³)``: the reference).
 
     Returns:
         :class:`ModalKernel` on ``kernel.device``, every tensor float32.
     """
-    _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block)
-    return fit_modal_kernels(kernel, [num_modes], method, direct_term, hankel_cols, channel_block, refine_steps)[0]
+    _check_fit_arguments(kernel, num_modes, method, direct_term, channel_block, eigensolver)
+    return fit_modal_kernels(
+        kernel, [num_modes], method, direct_term, hankel_cols, channel_block, refine_steps, eigensolver
+    )[0]
 
 
 @float32_math
@@ -554,21 +556,26 @@ def fit_modal_kernels(
     hankel_cols: int | None = None,
     channel_block: int = 64,
     refine_steps: int = 300,
+    eigensolver: str = "truncated",
 ) -> list[ModalKernel]:
     """:func:`fit_modal_kernel` at several orders at once (one :class:`ModalKernel` per entry of ``orders``).
 
-    The balanced method's Hankel eigendecomposition, the costly part, is computed once for every order.
+    The balanced method's Hankel eigenvectors, the costly part, are computed once for every order (the
+    ``2·max(orders)`` leading ones, by ``eigensolver``).
     """
     for order in orders:
-        _check_fit_arguments(kernel, order, method, direct_term, channel_block)
+        _check_fit_arguments(kernel, order, method, direct_term, channel_block, eigensolver)
     start = 1 if direct_term else 0
     k64 = kernel.detach().double()
     taps = k64.shape[-1] - start
-    channel_block = max(1, min(channel_block, _DENSE_ELEMENTS // max(1, taps * taps)))
+    rank = 2 * max(orders)
+    krylov = eigensolver == "truncated" and uses_krylov(rank, taps)
+    per_channel = 2 * taps * krylov_dimension(rank, taps) if krylov else taps * taps  # doubles of the basis
+    channel_block = max(1, min(channel_block, _DENSE_ELEMENTS // max(1, per_channel)))
     poles = {(m, n): [] for m in ("hankel", "balanced") for n in orders}
     for h0 in range(0, k64.shape[0], channel_block):
         block = k64[h0 : h0 + channel_block]
-        basis = _hankel_eigvecs(block[:, start:])[1] if method != "hankel" else None  # (h, T, T)
+        basis = balanced_basis(block[:, start:], rank, eigensolver) if method != "hankel" else None  # (h, T, 2N)
         for n in orders:
             if method != "balanced" and n <= max_modes(k64.shape[-1], direct_term, "hankel"):
                 cols = min(max(4 * n, 128), 256) if hankel_cols is None else hankel_cols

@@ -355,9 +355,10 @@ class _SelectiveScanFn(torch.autograd.Function):
             _time_major(gC, s, e).copy_(torch.mul(h, gy_c.unsqueeze(2), out=u).sum(-1))  # (L, Bt, N): Σ_e gy·h
             _time_major(gB, s, e).copy_(torch.mul(g, du_c.unsqueeze(2), out=u).sum(-1))  # (L, Bt, N): Σ_e g·Δx
             g_b = torch.matmul(b_c.unsqueeze(2), g).squeeze(2)  # (L, Bt, E): Σ_n B_t[n]·g_t[n, e]
-            gx_c = torch.mul(g_b, d_c, out=_time_major(gx, s, e))
+            gx_c = g_b * d_c  # (L, Bt, E); not out= into the time-major view: torch.compile refuses strided out=
             if D is not None:
                 gx_c.addcmul_(gy_c, D)
+            _time_major(gx, s, e).copy_(gx_c)
             w = torch.mul(g, a, out=u).mul_(h_prev)  # (L, Bt, N, E): g·Ā·h_{t-1} = dL/d(Δ·A)
             g_d = torch.mul(w, A_t, out=a).sum(2).addcmul_(g_b, x_c)  # (L, Bt, E): Σ_n w·A + x·Σ_n g·B
             _time_major(gdelta, s, e).copy_(g_d)

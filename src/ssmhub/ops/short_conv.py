@@ -16,13 +16,61 @@ Packed rows (several documents back to back, ``starts`` (B, T) bool): no tap cro
 if every document ran alone from zeros: the tap ``j`` (lag ``ℓ = k − 1 − j``) of output t is kept only if
 the input it meets, ``t − ℓ``, is in t's document (:func:`tap_reach`). The oracle is the convolution of each
 document alone (tests/ops/test_short_conv.py).
+
+Padding (``mask`` (B, T), 0 at a pad; left padding and holes inside a row alike): a pad is no input at all, so the
+taps of a real token meet the k − 1 real tokens before it, skipping pads, as in the row without its pads (the
+mixer protocol: a masked position changes no state, so the decode window holds at a pad). The real tokens are
+gathered to the front of the row in order (:func:`real_tokens_first`: indices from cumulative sums of the mask, no
+host read), convolved there, and gathered back; a pad's output is 0.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-__all__ = ["causal_depthwise_conv", "conv_window", "tap_reach"]
+__all__ = ["RealTokens", "causal_depthwise_conv", "conv_window", "real_tokens_first", "tap_reach"]
+
+
+class RealTokens(NamedTuple):
+    """A row's real tokens gathered to its front, in order (pads after them): ``order`` (B, T) int64, the position
+    of x that slot s holds; ``slot`` (B, T) int64, the slot of each position (``order``'s inverse); ``count`` (B,)
+    int64, the real tokens per row; ``starts`` (B, T) bool or None, the document starts in slot order."""
+
+    order: torch.Tensor
+    slot: torch.Tensor
+    count: torch.Tensor
+    starts: torch.Tensor | None
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, E) in slot order: the real tokens first."""
+        return x.gather(1, self.order.unsqueeze(-1).expand_as(x))
+
+    def scatter_back(self, y: torch.Tensor) -> torch.Tensor:
+        """y (B, T, E) in slot order back to x's positions."""
+        return y.gather(1, self.slot.unsqueeze(-1).expand_as(y))
+
+
+def real_tokens_first(mask: torch.Tensor, starts: torch.Tensor | None = None) -> RealTokens:
+    """The permutation that moves each row's real tokens (``mask`` (B, T) nonzero) to its front, in order, pads
+    after them in order, from cumulative sums (no host read). ``starts`` (B, T) bool or None: a document start at a
+    pad restarts the state, which the pads after it hold, so it moves to the next real token; a start after a row's
+    last real token goes to the slot after it (``count``), where :func:`conv_window` finds it."""
+    real = mask != 0  # (B, T)
+    count = real.sum(1)  # (B,)
+    real_rank = real.cumsum(1) - 1  # (B, T): a real token's slot
+    pad_rank = (~real).cumsum(1) - 1  # (B, T): a pad's place among the pads
+    slot = torch.where(real, real_rank, count[:, None] + pad_rank)  # (B, T): a permutation of 0..T − 1 per row
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(slot)  # (B, T)
+    order = torch.empty_like(slot).scatter_(1, slot, positions)  # (B, T): order[b, slot[b, t]] = t
+    if starts is None:
+        return RealTokens(order, slot, count, None)
+    seen = starts.long().cumsum(1)  # (B, T): document starts at or before t
+    slots = torch.arange(mask.shape[1], device=mask.device)  # (T,)
+    seen_at_slot = torch.where(slots < count[:, None], seen.gather(1, order), seen[:, -1:])  # (B, T), non-decreasing
+    seen_before = torch.cat([seen.new_zeros(seen.shape[0], 1), seen_at_slot[:, :-1]], dim=1)  # (B, T)
+    return RealTokens(order, slot, count, seen_at_slot > seen_before)
 
 
 def tap_reach(starts: torch.Tensor, taps: int, dtype: torch.dtype) -> torch.Tensor:
@@ -96,6 +144,7 @@ def causal_depthwise_conv(
     bias: torch.Tensor | None = None,
     history: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal depthwise convolution of ``x`` (B, T, E) with ``weight`` (E, k) and optional ``bias`` (E,).
 
@@ -105,7 +154,8 @@ def causal_depthwise_conv(
     ``torch.nn.Conv1d(E, E, k, groups=E)`` applied to ``x̃`` transposed to (B, E, ·). Differentiable in
     x, weight, bias and history. ``starts`` (B, T) bool or None: document starts of a packed row; no tap
     crosses one (each document is convolved as if alone from zeros; the history only reaches positions
-    before a row's first start).
+    before a row's first start). ``mask`` (B, T) or None: 0 at pads, which the taps skip (module docstring); the
+    output is 0 there.
     """
     if x.dim() != 3:
         raise ValueError(f"x must have shape (B, T, E); got {tuple(x.shape)}")
@@ -125,21 +175,49 @@ def causal_depthwise_conv(
             f"starts must be a bool tensor of shape (B, T) = {tuple(x.shape[:2])}; got {starts.dtype} "
             f"{tuple(starts.shape)}"
         )
+    _check_mask(mask, x)
     dtype = x.dtype
-    weight = weight.to(dtype)
+    weight, history = weight.to(dtype), history.to(dtype)
     bias = None if bias is None else bias.to(dtype)
-    reach = None if starts is None or taps == 1 else tap_reach(starts, taps, dtype)  # (B, T, k − 1)
-    return _CausalDepthwiseConvFn.apply(x, weight, bias, history.to(dtype), reach)
+    if mask is None:
+        return _convolve(x, weight, bias, history, starts)
+    real = real_tokens_first(mask, starts)
+    y = _convolve(real.gather(x), weight, bias, history, real.starts)  # (B, T, E) in slot order
+    return real.scatter_back(y) * (mask != 0).unsqueeze(-1).to(dtype)
+
+
+def _convolve(x, weight, bias, history, starts):
+    taps = weight.shape[1]
+    reach = None if starts is None or taps == 1 else tap_reach(starts, taps, x.dtype)  # (B, T, k − 1)
+    return _CausalDepthwiseConvFn.apply(x, weight, bias, history, reach)
+
+
+def _check_mask(mask: torch.Tensor | None, x: torch.Tensor) -> None:
+    if mask is not None and mask.shape != x.shape[:2]:
+        raise ValueError(f"mask must have shape (B, T) = {tuple(x.shape[:2])}; got {tuple(mask.shape)}")
 
 
 def conv_window(
-    history: torch.Tensor, x: torch.Tensor, starts: torch.Tensor | None = None, ends: torch.Tensor | None = None
+    history: torch.Tensor,
+    x: torch.Tensor,
+    starts: torch.Tensor | None = None,
+    ends: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The last k − 1 inputs of ``[history ; x]`` along time: the window a causal k-tap convolution continues
     from after ``x``. history (B, k − 1, E), oldest first; x (B, T, E) -> (B, k − 1, E). ``starts`` (B, T) bool
     or None: inputs before a row's last document start are zeros in its window (the last document's own).
     ``ends`` (B,) int or None: row b's window ends after ``x[b, ends[b] − 1]`` (0: ``history``); None: after
-    x's last input."""
+    x's last input. ``mask`` (B, T) or None (not with ``ends``): 0 at pads, which the window skips (the last
+    k − 1 real inputs)."""
+    _check_mask(mask, x)
+    if mask is not None:
+        if ends is not None:
+            raise ValueError(
+                "conv_window takes ends or mask, not both (a mask's window ends after its last real token)"
+            )
+        real = real_tokens_first(mask, starts)
+        return conv_window(history, real.gather(x), real.starts, ends=real.count)
     keep, length = history.shape[1], x.shape[1]
     if ends is None:
         tail = min(length, keep)

@@ -29,66 +29,171 @@ class TrainConfig:
     """Every option of a training run (the CLI flag of a field is ``--<field name>``)."""
 
     # where things go
-    output_dir: str = "runs/train"
-    overwrite_output_dir: bool = False  # a fresh run may write into a non-empty output_dir (replacing what is there)
+    output_dir: str = field(
+        default="runs/train",
+        metadata={"help": "Folder of the run: checkpoints, metrics.jsonl, the final model and tokenizer."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Let a fresh run write into a non-empty output_dir (replacing what is there)."}
+    )
     # data
-    dataset: str = "wikitext-2"  # a name registered in ssmhub.training.data (wikitext-2, wikitext-103, ...)
-    data_dir: str | None = None  # local copy of the data; default $SSMHUB_DATA_DIR, else the Hugging Face Hub
-    seq_len: int = 128
-    max_eval_windows: int = 256  # validation windows evaluated (0: all)
-    cache_dir: str | None = None  # tokenized windows cache; default $SSMHUB_CACHE_DIR, else ~/.cache/ssmhub
-    preprocessing_num_workers: int = 0  # processes for tokenizing with datasets.map (0: the main one)
+    dataset: str = field(
+        default="wikitext-2",
+        metadata={
+            "help": "Training corpus, a name registered in ssmhub.training.data (wikitext-2, wikitext-103, pg19, ...)."
+        },
+    )
+    data_dir: str | None = field(
+        default=None, metadata={"help": "Local copy of the data; default $SSMHUB_DATA_DIR, else the Hugging Face Hub."}
+    )
+    seq_len: int = field(
+        default=128, metadata={"help": "Tokens per training window (the truncation length of --stateful)."}
+    )
+    max_eval_windows: int = field(default=256, metadata={"help": "Validation windows evaluated (0: all)."})
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Cache of tokenized windows; default $SSMHUB_CACHE_DIR, else ~/.cache/ssmhub."}
+    )
+    preprocessing_num_workers: int = field(
+        default=0, metadata={"help": "Processes that tokenize with datasets.map (0: the main one)."}
+    )
     # long documents (issue 26): at most one of the two; validation always scores independent windows
-    packing: bool = False  # documents back to back, no padding, position_ids restarting at each (no state crosses)
-    stateful: bool = False  # each batch row reads one document after another, its state carried window to window
-    # copying practice: this fraction of plain windows ends by repeating a passage of its own (batches.repeat_passages)
-    repeat_passage_probability: float = 0.0
-    shuffle_repeated_passages: bool = False  # the passage's tokens in a random order: nothing to recall, only to copy
+    packing: bool = field(
+        default=False,
+        metadata={
+            "help": "Documents back to back with no padding, position_ids restarting at each (no state crosses them)."
+        },
+    )
+    stateful: bool = field(
+        default=False,
+        metadata={
+            "help": "Each batch row reads one document after another, its state carried window to window (TBPTT)."
+        },
+    )
+    repeat_passage_probability: float = field(
+        default=0.0,
+        metadata={
+            "help": "Copying practice: the fraction of plain windows that end by repeating a passage of their own."
+        },
+    )
+    shuffle_repeated_passages: bool = field(
+        default=False,
+        metadata={"help": "Repeat the passage's tokens in a random order: nothing to recall, only to copy."},
+    )
     # tokenizer: a folder / tokenizer.json, or a byte-level BPE of vocab_size trained on the train split
-    tokenizer: str | None = None
-    vocab_size: int = 4096
+    tokenizer: str | None = field(
+        default=None,
+        metadata={
+            "help": "Tokenizer folder or tokenizer.json; default: a BPE of vocab_size trained on the train split."
+        },
+    )
+    vocab_size: int = field(
+        default=4096, metadata={"help": "Vocabulary of the BPE trained when no tokenizer is given."}
+    )
     # model: a fresh one of model_type, or one saved before (a folder or Hub id) to continue training from
-    model_name_or_path: str | None = None  # its weights, config (model_config overrides it) and tokenizer
-    model_type: str | None = None  # default: dlr, or the type of model_name_or_path
-    model_config: dict[str, Any] = field(default_factory=dict)  # size kwargs, e.g. {"hidden_size": 256}
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A saved model (folder or Hub id) to continue training: its weights, config and tokenizer."},
+    )
+    model_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "Family of a new model (dlr, h3, serpent, bdlrnn, gpt2, ...); default dlr, or the saved model's."
+        },
+    )
+    model_config: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": 'JSON object of model config fields, e.g. \'{"hidden_size": 256, "attention_window": 512}\'.'
+        },
+    )
     # optimization
-    per_device_train_batch_size: int = 8
-    per_device_eval_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    max_steps: int = 1000
-    learning_rate: float = 1e-3
-    recurrence_learning_rate: float | None = None  # default: the model config's, else learning_rate
-    weight_decay: float = 0.1
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_epsilon: float = 1e-8
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1  # the cosine decays to learning_rate * min_lr_ratio at max_steps
-    max_grad_norm: float = 1.0  # 0: no clipping
-    mixed_precision: str = "no"
-    cpu: bool = False  # force the CPU even where an accelerator is present
-    # shard the model with FSDP2 (fully_shard per block, the recurrence parameters in a float32 group of their own;
-    # ssmhub.training.fsdp) across the processes torchrun / accelerate launch started; mixed_precision bf16 becomes
-    # its MixedPrecisionPolicy (bf16 compute, float32 master weights and gradient reduction)
-    fsdp: bool = False
-    seed: int = 0
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Training rows per process and micro-batch."})
+    per_device_eval_batch_size: int = field(default=8, metadata={"help": "Validation rows per process."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step."})
+    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps of the run."})
+    learning_rate: float = field(
+        default=1e-3, metadata={"help": "Peak learning rate of AdamW (after warmup, before the cosine decay)."}
+    )
+    recurrence_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Learning rate of the recurrence parameters; default the model config's, else learning_rate."
+        },
+    )
+    weight_decay: float = field(
+        default=0.1, metadata={"help": "AdamW weight decay (recurrence parameters, norms and biases get none)."}
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW's beta1, the decay of its gradient average."})
+    adam_beta2: float = field(
+        default=0.95, metadata={"help": "AdamW's beta2, the decay of its squared-gradient average."}
+    )
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW's epsilon, added to the denominator."})
+    warmup_steps: int = field(default=100, metadata={"help": "Steps of linear learning-rate warmup."})
+    min_lr_ratio: float = field(
+        default=0.1, metadata={"help": "The cosine decays to learning_rate * min_lr_ratio at max_steps."}
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the gradient norm to this (0: no clipping)."})
+    mixed_precision: str = field(
+        default="no", metadata={"help": "Autocast dtype: no, bf16 or fp16 (recurrences and FFTs stay float32)."}
+    )
+    cpu: bool = field(
+        default=False,
+        metadata={"help": "Train on the CPU even where an accelerator is present (default: CUDA when available)."},
+    )
+    fsdp: bool = field(
+        default=False,
+        metadata={"help": "Shard the model with FSDP2 over the processes accelerate launch / torchrun started."},
+    )
+    compile: bool = field(
+        default=False,
+        metadata={
+            "help": "torch.compile the training forward and backward whole (fullgraph=True, Inductor) through "
+            "Accelerate's dynamo plugin; evaluation runs eager."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute each block's activations in the backward: less memory, about one more forward."},
+    )
+    compile_backend: str = field(
+        default="inductor",
+        metadata={"help": "torch.compile backend of --compile (aot_eager: the same capture, no code generation)."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the model's initialization and of the data order."})
     # logging, evaluation, checkpoints
-    logging_steps: int = 10
-    eval_steps: int = 100  # 0: evaluate only at the end
-    save_steps: int = 500  # 0: no intermediate checkpoints
-    save_total_limit: int = 3  # keep the newest K checkpoints (0: keep all)
-    resume: bool = False  # continue from the newest complete checkpoint in output_dir/checkpoints
-    # with resume: follow a changed schedule (max_steps, warmup_steps, min_lr_ratio, learning rates) from the
-    # checkpoint's step instead of refusing it
-    allow_schedule_change: bool = False
-    report_to: list[str] = field(default_factory=list)  # accelerate trackers (log_with), e.g. ["tensorboard"]
+    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every this many steps."})
+    eval_steps: int = field(default=100, metadata={"help": "Evaluate every this many steps (0: only at the end)."})
+    save_steps: int = field(
+        default=500, metadata={"help": "Write a checkpoint every this many steps (0: no intermediate checkpoints)."}
+    )
+    save_total_limit: int = field(default=3, metadata={"help": "Keep the newest K checkpoints (0: keep all)."})
+    resume: bool = field(
+        default=False, metadata={"help": "Continue from the newest complete checkpoint in output_dir/checkpoints."}
+    )
+    allow_schedule_change: bool = field(
+        default=False,
+        metadata={"help": "With --resume: follow a changed schedule (steps, warmup, rates) instead of refusing it."},
+    )
+    report_to: list[str] = field(
+        default_factory=list, metadata={"help": "Accelerate trackers (log_with), comma-separated, e.g. tensorboard."}
+    )
     # publishing
-    # write the model's code into output_dir too (auto_map), so it loads with trust_remote_code=True where ssmhub
-    # is not installed; transformers then asks for remote-code approval even to load the folder's tokenizer
-    save_code: bool = False
-    push_to_hub: bool = False
-    hub_model_id: str | None = None  # "org/name"; the token comes from $HF_TOKEN
-    hub_private: bool = False
+    save_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Also write the model's code, so the folder loads with trust_remote_code=True without ssmhub."
+        },
+    )
+    push_to_hub: bool = field(
+        default=False,
+        metadata={
+            "help": "Upload the final model, tokenizer and model card to the Hub (needs --hub_model_id, $HF_TOKEN)."
+        },
+    )
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": 'The Hub repository, "org/name"; the token comes from $HF_TOKEN.'}
+    )
+    hub_private: bool = field(default=False, metadata={"help": "Create the Hub repository as private."})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -154,8 +259,10 @@ class TrainConfig:
                 "fsdp with mixed_precision fp16 is not supported (it needs a sharded gradient scaler); "
                 "use --mixed_precision bf16 or no"
             )
-        if self.fsdp and self.stateful:
-            raise ValueError("fsdp with stateful is not supported yet: train a stateful run without --fsdp")
+        if self.compile and self.compile_backend not in _compile_backends():
+            raise ValueError(
+                f"compile_backend must be one of {_compile_backends()} (torch.compile's); got {self.compile_backend!r}"
+            )
         if not isinstance(self.model_config, dict):
             raise ValueError(f"model_config must be a mapping of model config fields; got {self.model_config!r}")
         if self.model_type is None and not self.model_name_or_path:
@@ -164,6 +271,12 @@ class TrainConfig:
             self.report_to = [name for name in self.report_to.split(",") if name and name != "none"]
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub needs hub_model_id (e.g. --hub_model_id my-org/my-model)")
+
+
+def _compile_backends() -> list[str]:
+    import torch._dynamo
+
+    return torch._dynamo.list_backends(exclude_tags=())  # the debug ones too (aot_eager, eager)
 
 
 def check_known_keys(values: dict[str, Any], source: str) -> None:
@@ -214,14 +327,16 @@ def build_arg_parser(prog: str = "ssmhub-train") -> CommandLineParser:
         kind = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         flag = f"--{f.name}"
+        shown = f" Default: {default}." if default not in (None, [], {}) else ""  # None: the help says what happens
+        help_text = f"{f.metadata.get('help', '')}{shown}"
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=f"default {default}")
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         elif kind is dict:
-            parser.add_argument(flag, type=json_object, metavar="JSON", help=f"default {default}")
+            parser.add_argument(flag, type=json_object, metavar="JSON", help=help_text)
         elif kind is list:
-            parser.add_argument(flag, type=str, metavar="A,B", help=f"comma-separated; default {default}")
+            parser.add_argument(flag, type=str, metavar="A,B", help=help_text)
         else:
-            parser.add_argument(flag, type=kind, help=f"default {default}")
+            parser.add_argument(flag, type=kind, help=help_text)
     return parser
 
 

@@ -22,6 +22,13 @@ otherwise keeps in float32 (``_keep_in_fp32_modules_strict = ["ssm"]``, :mod:`ss
 0-d parameters (SeRpEnt's ``log_grid_step``), which ``fully_shard`` refuses, stay whole on every rank
 (:func:`replicate_scalar_parameters`).
 
+No unit returns a view (:func:`outputs_without_views`). FSDP2 registers its pre-backward hook (the all-gather of the
+unit's parameters before the unit's backward) on the output tensors; an in-place op on an output that is a view
+rebases its autograd history onto the view's base and skips that hook, so the backward would run on sharded
+parameters. ``nn.Linear`` with a bias on a (B, L, ·) input returns a view (PyTorch computes it as a 2-D ``addmm``
+and views the result back), and so does every unit whose output is such a Linear's (DLR's mixer, BDLRNN's
+output projection); such outputs are copied once before FSDP2 sees them.
+
 The result computes what ``model.to(torch.bfloat16)`` computes (ssmhub's ``_apply`` keeps ``ssm`` in float32),
 with float32 master weights and optimizer state. Test: tests/training/test_fsdp2.py (two CPU processes, gloo).
 """
@@ -53,6 +60,7 @@ __all__ = [
     "float32_policy",
     "half_precision_parts",
     "load_sharded_checkpoint",
+    "outputs_without_views",
     "recurrence_units",
     "replicate_scalar_parameters",
     "save_sharded_checkpoint",
@@ -134,11 +142,35 @@ def shard_model(
     for block in model.base_model.layers:
         if split and _holds_recurrence(block.mixer):
             for part in half_precision_parts(block.mixer, called):
-                fully_shard(part, mp_policy=policy, **shard)
-            fully_shard(block.mixer, mp_policy=float32_policy(), **shard)
-        fully_shard(block, mp_policy=policy, **shard)
-    fully_shard(model, mp_policy=dataclasses.replace(policy, cast_forward_inputs=False), **shard)
+                _shard_unit(part, mp_policy=policy, **shard)
+            _shard_unit(block.mixer, mp_policy=float32_policy(), **shard)
+        _shard_unit(block, mp_policy=policy, **shard)
+    _shard_unit(model, mp_policy=dataclasses.replace(policy, cast_forward_inputs=False), **shard)
     return model
+
+
+def _shard_unit(module: nn.Module, **options) -> None:
+    """``fully_shard(module, **options)``, its outputs first made views of nothing (:func:`outputs_without_views`,
+    a forward hook registered before FSDP2's, so it runs first)."""
+    module.register_forward_hook(lambda _module, _args, output: outputs_without_views(output))
+    fully_shard(module, **options)
+
+
+def outputs_without_views(output):
+    """``output`` (a tensor, or tuples, lists and dicts of them: a ``ModelOutput`` is changed in place) with every
+    tensor that requires grad and is a view replaced by a copy of it (module docstring: FSDP2's pre-backward hook
+    survives in-place ops on a unit's outputs only if they are no views). Other values are returned as they are."""
+    if isinstance(output, torch.Tensor):
+        return output.clone() if output.requires_grad and output._is_view() else output
+    if isinstance(output, list):
+        return [outputs_without_views(value) for value in output]
+    if isinstance(output, tuple):
+        values = [outputs_without_views(value) for value in output]
+        return type(output)(*values) if hasattr(output, "_fields") else tuple(values)
+    if isinstance(output, dict):
+        for key, value in output.items():
+            output[key] = outputs_without_views(value)
+    return output
 
 
 def replicate_scalar_parameters(model: nn.Module, mesh=None) -> set[nn.Parameter]:

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from ..cache import RecurrentCache
 from ..data import TokenStream
+from ..data.token_stream import document_sizes
 from ..fileio import atomic_path
 
 __all__ = ["IGNORE_INDEX", "DocumentStreams", "StatefulBatches", "states_file"]
@@ -140,7 +141,10 @@ class StatefulBatches:
 
     def next_inputs(self) -> dict[str, Any]:
         window = self.streams.next_window()
-        mine = {name: torch.from_numpy(value[self.rows]).to(self.device) for name, value in window.items()}
+        mine = {name: torch.from_numpy(value[self.rows]) for name, value in window.items()}
+        sizes = document_sizes(mine["position_ids"])  # on the host: a packed forward reads nothing back
+        mine = {name: value.to(self.device) for name, value in mine.items()}
+        mine["cu_seq_lens_q"], mine["max_length_q"] = sizes["cu_seq_lens_q"].to(self.device), sizes["max_length_q"]
         targets = mine.pop("targets")
         # labels only switch the loss on; shift_labels are the targets (each window's last one from the next)
         return {**mine, "labels": targets, "shift_labels": targets, "cache": self.cache, "use_cache": True}

@@ -455,7 +455,8 @@ def _build_training_parts(config: TrainConfig, accelerator, output_dir: Path, mo
     fit_to_tokenizer(model_config, config, tokenizer)
     model, optimizer, scheduler = _build_model_and_optimizer(config, model_config, accelerator)
     if config.stateful:
-        model, optimizer = accelerator.prepare(model, optimizer)
+        if not config.fsdp:  # sharded already (the optimizer holds the shards): Accelerate would wrap it in DDP
+            model, optimizer = accelerator.prepare(model, optimizer)
         batches = _stateful_batches(config, accelerator, train_data, model)
     else:
         model, optimizer, batches = _window_batches(config, accelerator, train_data, model, optimizer)
@@ -577,6 +578,7 @@ def _start_accelerator(config: TrainConfig, output_dir: Path):
         cpu=config.cpu,
         log_with=config.report_to or None,
         project_dir=str(output_dir),
+        dynamo_plugin=_dynamo_plugin(config),
     )
     active = {str(getattr(tracker, "value", tracker)) for tracker in accelerator.log_with}
     missing = [name for name in config.report_to if name != "all" and name not in active]
@@ -589,6 +591,16 @@ def _start_accelerator(config: TrainConfig, output_dir: Path):
         )
     set_seed(config.seed)
     return accelerator
+
+
+def _dynamo_plugin(config: TrainConfig):
+    """``--compile``: Accelerate compiles the prepared model whole (``fullgraph=True``: a graph break is an error,
+    not a silent slowdown); a sharded model is compiled by :func:`_shard`, which Accelerate does not prepare."""
+    from accelerate.utils import TorchDynamoPlugin
+
+    if not config.compile or config.fsdp:
+        return None
+    return TorchDynamoPlugin(backend=config.compile_backend, fullgraph=True)
 
 
 def _shared_tokenizer(config: TrainConfig, accelerator, output_dir: Path, train_source):
@@ -639,6 +651,8 @@ def _build_model_and_optimizer(config: TrainConfig, model_config, accelerator):
         )
     else:
         model = AutoModelForCausalLM.from_config(model_config)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.fsdp:
         model = _shard(config, accelerator, model)
     optimizer = torch.optim.AdamW(
@@ -663,7 +677,8 @@ def _shard(config: TrainConfig, accelerator, model: torch.nn.Module) -> torch.nn
 
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     policy = BF16_POLICY if config.mixed_precision == "bf16" else None
-    return shard_model(model.to(accelerator.device), mesh=mesh, mp_policy=policy)
+    model = shard_model(model.to(accelerator.device), mesh=mesh, mp_policy=policy)
+    return torch.compile(model, backend=config.compile_backend, fullgraph=True) if config.compile else model
 
 
 def _resume_point(config: TrainConfig, accelerator, output_dir: Path, parts: dict[str, Any]) -> _Progress:
@@ -796,14 +811,24 @@ def _evaluate_and_checkpoint(setup: _TrainingSetup, progress: _Progress) -> None
 
 def _process_files_writer(setup: _TrainingSetup) -> Callable[[Path], None] | None:
     """What each process adds to a checkpoint folder beside ``accelerator.save_state``'s files: a stateful run's
-    carried states of its rows, a sharded run's model and optimizer shards (every process writes its own)."""
+    carried states of its rows, a sharded run's model and optimizer shards (every process writes its own; a sharded
+    stateful run, both)."""
+    writers = []
     if setup.config.stateful:
-        return lambda folder: setup.batches.save(folder, setup.accelerator.process_index)
+        writers.append(lambda folder: setup.batches.save(folder, setup.accelerator.process_index))
     if setup.config.fsdp:
         from .fsdp import save_sharded_checkpoint
 
-        return lambda folder: save_sharded_checkpoint(str(folder / SHARDS_SUBDIR), setup.model, setup.optimizer)
-    return None
+        def write_shards(folder: Path) -> None:
+            save_sharded_checkpoint(str(folder / SHARDS_SUBDIR), setup.model, setup.optimizer)
+
+        writers.append(write_shards)
+
+    def write_all(folder: Path) -> None:
+        for write in writers:
+            write(folder)
+
+    return write_all if writers else None
 
 
 def _log_metrics(setup: _TrainingSetup, progress: _Progress, split: str, loss: float, lr: float | None = None) -> None:

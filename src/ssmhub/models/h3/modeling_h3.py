@@ -73,12 +73,14 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
 
     @torch.no_grad()
     def distill_for_decoding(
-        self, num_modes: int, tolerance: float | None = None, method: str = "best"
+        self, num_modes: int, tolerance: float | None = None, method: str = "best", eigensolver: str = "truncated"
     ) -> dict[str, DistillationReport]:
         """Replace every long convolution by a fit with at most ``num_modes`` complex exponentials per head.
 
         Each learned kernel (its L_max regularized taps) is fitted in modal form
-        (:func:`ssmhub.ops.modal.fit_modal_kernel` with ``method``), a diagonal SSM whose decode state is
+        (:func:`ssmhub.ops.modal.fit_modal_kernel` with ``method`` and ``eigensolver``: ``"truncated"``, the leading
+        Hankel eigenvectors by an FFT-applied block Krylov method, or ``"dense"``, one eigh per head, the reference),
+        a diagonal SSM whose decode state is
         O(num_modes) per channel, independent of the context length. Without ``tolerance`` every head gets
         ``num_modes`` modes; with one (relative L2 kernel error in (0, 1)) each head gets the smallest order
         within the budget that meets it, and a head that no order within the budget fits that well stays exact
@@ -94,7 +96,7 @@ class H3PreTrainedModel(RecurrentPreTrainedModel):
             outside (0, 1), an unknown method, or a model with no long convolution.
         """
         mixers = self._long_conv_mixers()  # every layer checks the request before it fits (H3Mixer.distill)
-        reports = {name: mixer.distill(num_modes, tolerance, method) for name, mixer in mixers.items()}
+        reports = {name: mixer.distill(num_modes, tolerance, method, eigensolver) for name, mixer in mixers.items()}
         self.config.decode_num_modes = num_modes
         return reports
 

@@ -8,18 +8,25 @@ from ..configuration_recurrent import RecurrentLMConfig
 
 __all__ = ["SerpentConfig"]
 
+# Saved configs are versioned by the fields they hold: one written before ``branch_layout`` existed (issue 53) had
+# the concatenated layout, which is what its weights fit.
+LAYOUT_BEFORE_BRANCH_LAYOUT = "concatenated"
+
 
 @strict
 class SerpentConfig(RecurrentLMConfig, SerpentOptions):
     """A stack of SeRpEnt blocks ``h ← h + SeRpEnt(RMSNorm(h))`` with a final RMSNorm (§5.2, App. B.2).
 
-    Each block has ``1 + len(resampling_rates)`` branches of width ``hidden_size / #branches`` (the base branch
-    takes the remainder where that does not divide): a base
-    branch, a Mamba mixer over the full sequence, and one branch per compression rate κ that resamples
-    the sequence onto a uniform time grid (Eq. 11-13), runs its own Mamba on it (Eq. 15a) and expands
-    the result back (Eq. 14b). The branch outputs are concatenated; the block's residual is the skip of
-    Eq. 15b. With ``resampling_rates=[]`` the model is exactly Mamba (transformers' ``MambaForCausalLM``
-    weights load through :func:`~ssmhub.models.serpent.convert_mamba_checkpoint`).
+    Each block has a base branch, a Mamba mixer over the full sequence, and one branch per compression rate κ
+    that resamples the sequence onto a uniform time grid (Eq. 11-13), runs its own Mamba on it (Eq. 15a) and
+    expands the result back (Eq. 14b); the block's residual is the skip of Eq. 15b. ``branch_layout``
+    ``"additive"`` (default): the base is a whole Mamba of width ``hidden_size`` and each branch, of width
+    ``resampling_branch_size``, adds its output through a zero-initialised projection; ``"concatenated"`` (the
+    paper's reading): ``1 + len(resampling_rates)`` branches of width ``hidden_size / #branches``, concatenated.
+    A saved ``config.json`` without ``branch_layout`` (written before it existed) loads as ``"concatenated"``.
+    With ``resampling_rates=[]`` the model is exactly Mamba (transformers' ``MambaForCausalLM`` weights load
+    through :func:`~ssmhub.models.serpent.convert_mamba_checkpoint`; ``SerpentForCausalLM.from_mamba`` adds
+    branches that start out contributing nothing).
 
     Fields: those of :class:`~ssmhub.models.configuration_recurrent.RecurrentLMConfig` (the block stack and
     heads; defaults here follow Mamba: RMSNorm, no MLP, ``hidden_size`` 384) and of
@@ -39,7 +46,15 @@ class SerpentConfig(RecurrentLMConfig, SerpentOptions):
             self.use_cache = False  # the faithful resampling reads later tokens: no recurrent form to cache
         super().__post_init__(**kwargs)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """As ``PretrainedConfig.from_dict``; a saved config (it names its ``model_type``) without ``branch_layout``
+        gets the layout it was written with (``"concatenated"``)."""
+        if "model_type" in config_dict and "branch_layout" not in config_dict:
+            config_dict = {**config_dict, "branch_layout": LAYOUT_BEFORE_BRANCH_LAYOUT}
+        return super().from_dict(config_dict, **kwargs)
+
     @property
     def branch_size(self) -> int:
-        """Output width of every resampling branch: ⌊hidden_size / num_branches⌋ (the base branch has the rest)."""
+        """Width of every resampling branch (:meth:`~ssmhub.layers.serpent_options.SerpentOptions.branch_widths`)."""
         return self.branch_widths(self.hidden_size)[1]

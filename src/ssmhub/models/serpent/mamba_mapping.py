@@ -3,8 +3,9 @@
 SeRpEnt's base branch is a full Mamba mixer over the whole sequence (SeRpEnt, arXiv 2501.11729, §4.3,
 App. B.1); with no resampling branch, ``h ← h + Mamba(RMSNorm(h))`` blocks and a final RMSNorm make a
 SeRpEnt causal LM the same function as transformers' ``MambaForCausalLM``. This module holds the mapping
-(config, weight names, recognising a Mamba folder) and :func:`serpent_from_mamba`, which builds any given
-SeRpEnt model class from a Mamba model. It imports no SeRpEnt model class, so that
+(config, weight names, recognising a Mamba folder), :func:`serpent_from_mamba`, which builds any given
+SeRpEnt model class from a Mamba model, and :func:`serpent_with_branches_from_mamba`, which adds resampling branches
+(additive layout) that start out contributing nothing. It imports no SeRpEnt model class, so that
 :mod:`.modeling_serpent` (``from_pretrained`` of a Mamba folder) and :mod:`.convert_mamba` (the public
 converter) both import it and nothing imports back.
 
@@ -27,11 +28,24 @@ from ...layers.mamba_options import MambaOptions
 from .configuration_serpent import SerpentConfig
 
 __all__ = [
+    "BRANCH_OPTIONS",
     "is_mamba_checkpoint",
     "mamba_state_dict_to_serpent",
     "serpent_config_from_mamba",
     "serpent_from_mamba",
+    "serpent_with_branches_from_mamba",
 ]
+
+# the SerpentOptions fields that describe resampling branches (what a Mamba checkpoint has none of)
+BRANCH_OPTIONS = (
+    "resampling_rates",
+    "resampling_window",
+    "num_distance_features",
+    "resampling_mode",
+    "branch_layout",
+    "resampling_branch_size",
+    "branch_output_init_std",
+)
 
 # from_pretrained keyword arguments that locate a checkpoint (passed on when reading its config)
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
@@ -127,8 +141,69 @@ def serpent_from_mamba(model_class: type, source, **from_pretrained_kwargs):
     model.load_state_dict(state_dict, strict=True)
     dtype = mamba.get_input_embeddings().weight.dtype
     if dtype != torch.float32:
-        model.to(dtype)
-        for name, param in model.named_parameters():  # recurrence parameters stay float32 (ssmhub's rule)
-            if ".ssm." in f".{name}":
-                param.data = param.data.float()
+        _to_dtype_keeping_recurrences(model, dtype)
     return model.eval()
+
+
+def _mamba_as_serpent(model_class: type, source, **from_pretrained_kwargs):
+    """``source`` as a ``model_class`` without branches: a transformers Mamba (instance, folder or Hub id), or a
+    SeRpEnt without resampling branches (instance or folder)."""
+    if isinstance(source, MambaForCausalLM) or (
+        not isinstance(source, torch.nn.Module) and is_mamba_checkpoint(source, **from_pretrained_kwargs)
+    ):
+        return serpent_from_mamba(model_class, source, **from_pretrained_kwargs)
+    model = (
+        source if isinstance(source, torch.nn.Module) else model_class.from_pretrained(source, **from_pretrained_kwargs)
+    )
+    if getattr(model.config, "model_type", None) != "serpent" or model.config.resampling_rates:
+        raise ValueError(
+            "from_mamba(source): source must be a transformers MambaForCausalLM (instance, folder or Hub id) or a "
+            f"SeRpEnt without resampling branches; got a {type(model).__name__} with model_type "
+            f"{getattr(model.config, 'model_type', None)!r} and resampling_rates "
+            f"{getattr(model.config, 'resampling_rates', None)!r}"
+        )
+    return model
+
+
+def serpent_with_branches_from_mamba(model_class: type, source, branch_options: dict, **from_pretrained_kwargs):
+    """A ``model_class`` holding every weight of a Mamba model, with resampling branches added in the additive
+    layout (``branch_options``: :data:`BRANCH_OPTIONS` fields, ``resampling_rates`` among them) whose output
+    projections start at zero, so that its logits equal the Mamba's until it is trained.
+
+    Raises:
+        ValueError: an unknown branch option, no ``resampling_rates``, or ``branch_layout="concatenated"`` (whose
+            base branch is narrower than the Mamba and cannot keep its weights).
+    """
+    unknown = sorted(set(branch_options) - set(BRANCH_OPTIONS))
+    if unknown:
+        raise ValueError(f"from_mamba: unknown branch options {unknown}; expected some of {list(BRANCH_OPTIONS)}")
+    if not branch_options.get("resampling_rates"):
+        raise ValueError("from_mamba: resampling_rates must name at least one κ in (0, 1], e.g. [0.5]")
+    if branch_options.get("branch_layout", "additive") != "additive":
+        raise ValueError(
+            "from_mamba: branch_layout must be 'additive' (the concatenated layout's base branch is narrower than "
+            f"the Mamba, so it cannot keep its weights); got {branch_options['branch_layout']!r}"
+        )
+    mamba = _mamba_as_serpent(model_class, source, **from_pretrained_kwargs)
+    config_dict = {**mamba.config.to_dict(), **branch_options, "branch_layout": "additive"}
+    model = model_class(SerpentConfig.from_dict(config_dict))
+    missing, unexpected = model.load_state_dict(mamba.state_dict(), strict=False)
+    if unexpected or not all(_is_branch_weight(key) for key in missing):
+        raise RuntimeError(f"from_mamba: weights that did not map: missing {missing}, unexpected {unexpected}")
+    dtype = mamba.get_input_embeddings().weight.dtype
+    if dtype != torch.float32:
+        _to_dtype_keeping_recurrences(model, dtype)
+    return model.eval()
+
+
+def _is_branch_weight(key: str) -> bool:
+    """Whether a SeRpEnt weight belongs to a resampling branch (or to the Mamba the branches share)."""
+    return ".mixer.resampled." in key or ".mixer.branch_mamba." in key
+
+
+def _to_dtype_keeping_recurrences(model, dtype: torch.dtype) -> None:
+    """``model.to(dtype)``, the recurrence parameters (``*.ssm.*``) kept float32 (ssmhub's rule)."""
+    model.to(dtype)
+    for name, param in model.named_parameters():
+        if ".ssm." in f".{name}":
+            param.data = param.data.float()

@@ -18,7 +18,7 @@ from ..modeling_recurrent import (
     RecurrentPreTrainedModel,
 )
 from .configuration_serpent import SerpentConfig
-from .mamba_mapping import is_mamba_checkpoint, serpent_from_mamba
+from .mamba_mapping import BRANCH_OPTIONS, is_mamba_checkpoint, serpent_from_mamba, serpent_with_branches_from_mamba
 
 __all__ = [
     "SerpentForCausalLM",
@@ -46,7 +46,8 @@ class SerpentForCausalLM(RecurrentForCausalLM, SerpentPreTrainedModel):
 
     ``from_pretrained`` also takes a transformers ``MambaForCausalLM`` folder or Hub id (``model_type``
     ``"mamba"``): it is converted with :func:`~ssmhub.models.serpent.convert_mamba_checkpoint` into a
-    SeRpEnt with only the base branch, whose logits equal Mamba's.
+    SeRpEnt with only the base branch, whose logits equal Mamba's; given branch options (``resampling_rates=...``)
+    it does what :meth:`from_mamba` does.
     """
 
     backbone_class = SerpentModel
@@ -61,10 +62,33 @@ class SerpentForCausalLM(RecurrentForCausalLM, SerpentPreTrainedModel):
         super().__init__(config)
 
     @classmethod
+    def from_mamba(cls, source, **kwargs) -> SerpentForCausalLM:
+        """A SeRpEnt that keeps every weight of a Mamba language model and adds resampling branches that start out
+        contributing nothing: its logits equal the Mamba's until it is fine-tuned.
+
+        The branches take the additive layout (:class:`~ssmhub.layers.serpent_options.SerpentOptions`): the Mamba
+        is the base branch, whole, and each branch adds its output through a projection initialised to zero, so
+        gradients reach it from the first step::
+
+            model = SerpentForCausalLM.from_mamba("state-spaces/mamba-130m-hf", resampling_rates=[0.5, 0.1])
+
+        Args:
+            source: a transformers ``MambaForCausalLM`` (instance, folder or Hub id), or a SeRpEnt without
+                resampling branches (instance or folder).
+            **kwargs: the branch options (``resampling_rates``, required; ``resampling_window``,
+                ``num_distance_features``, ``resampling_mode``, ``resampling_branch_size``); the rest go to the
+                source's ``from_pretrained`` (``revision``, ``dtype``, ...).
+        """
+        branch_options = {name: kwargs.pop(name) for name in BRANCH_OPTIONS if name in kwargs}
+        return serpent_with_branches_from_mamba(cls, source, branch_options, **kwargs)
+
+    @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         if kwargs.get("config") is None and is_mamba_checkpoint(pretrained_model_name_or_path, **kwargs):
             if model_args:
                 raise ValueError("converting a Mamba checkpoint takes no positional model arguments")
+            if any(name in kwargs for name in BRANCH_OPTIONS):  # a Mamba with branches: what from_mamba does
+                return cls.from_mamba(pretrained_model_name_or_path, **kwargs)
             return serpent_from_mamba(cls, pretrained_model_name_or_path, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 

@@ -26,6 +26,7 @@ import torch
 
 from ..precision import float32_math
 from . import kernel_support, launch_device
+from .opaque import opaque_op
 
 __all__ = ["BLOCK_D", "CHUNK_SIZE", "can_run_selective_scan", "selective_scan_triton"]
 
@@ -130,23 +131,78 @@ def _launch_backward(saved, dy, dfinal, chunk, block_d):
     return dx, ddelta, dA_rows.sum(0), dB_parts.sum(0), dC_parts.sum(0), dD, dz, dh0
 
 
-class _SelectiveScanTriton(torch.autograd.Function):
-    """(y, final state) of the selective scan on contiguous float32 inputs: x, delta (Bt, T, E); A (E, N);
-    B, C (Bt, T, N); D (E,) or None; z (Bt, T, E) or None; h0 (Bt, E, N); keep = 1 − resets (Bt, T) or None.
-    Saves the inputs and the state before each chunk (Bt, nC, E, N); double backward is not supported."""
+def _forward_fake(x, delta, A, B, C, D, z, h0, keep, chunk, block_d):
+    batch, seq_len, channels = x.shape
+    state_size = A.shape[1]
+    n_chunks = -(-seq_len // chunk)
+    return torch.empty_like(x), x.new_empty(batch, n_chunks, channels, state_size), torch.empty_like(h0)
 
-    @staticmethod
-    def forward(ctx, x, delta, A, B, C, D, z, h0, keep, chunk, block_d):
-        y, starts, final = _launch_forward(x, delta, A, B, C, D, z, h0, keep, chunk, block_d)
-        ctx.save_for_backward(x, delta, A, B, C, D, z, keep, starts)
-        ctx.config = (chunk, block_d)
-        return y, final
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dy, dfinal):
-        grads = _launch_backward(ctx.saved_tensors, dy.contiguous(), dfinal.contiguous(), *ctx.config)
-        return (*grads, None, None, None)
+def _forward_launch(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    h0: torch.Tensor,
+    keep: torch.Tensor | None,
+    chunk: int,
+    block_d: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, the state before every chunk, the final state) of contiguous float32 inputs: x, delta (Bt, T, E);
+    A (E, N); B, C (Bt, T, N); D (E,) or None; z (Bt, T, E) or None; h0 (Bt, E, N); keep = 1 − resets (Bt, T)."""
+    return _launch_forward(x, delta, A, B, C, D, z, h0, keep, chunk, block_d)
+
+
+def _backward_fake(x, delta, A, B, C, D, z, keep, starts, dy, dfinal, chunk, block_d):
+    absent = x.new_empty(0)
+    dD = absent if D is None else torch.empty_like(D)
+    dz = absent if z is None else torch.empty_like(z)
+    like = (x, delta, A, B, C)
+    return [*(torch.empty_like(t) for t in like), dD, dz, torch.empty_like(dfinal)]
+
+
+def _backward_launch(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    starts: torch.Tensor,
+    dy: torch.Tensor,
+    dfinal: torch.Tensor,
+    chunk: int,
+    block_d: int,
+) -> list[torch.Tensor]:
+    """Gradients of x, Δ, A, B, C, D, z and h0; an absent D or z gets an empty tensor (an operator returns tensors)."""
+    grads = _launch_backward((x, delta, A, B, C, D, z, keep, starts), dy, dfinal, chunk, block_d)
+    return [x.new_empty(0) if g is None else g for g in grads]
+
+
+def _save_for_backward(ctx, inputs, output):
+    x, delta, A, B, C, D, z, _, keep, chunk, block_d = inputs
+    ctx.save_for_backward(x, delta, A, B, C, D, z, keep, output[1])  # output[1]: the state before each chunk
+    ctx.config = (chunk, block_d, D is not None, z is not None)
+
+
+def _backward(ctx, dy, _dstarts, dfinal):
+    chunk, block_d, has_d, has_z = ctx.config
+    dx, ddelta, dA, dB, dC, dD, dz, dh0 = _SCAN_BACKWARD(
+        *ctx.saved_tensors, dy.contiguous(), dfinal.contiguous(), chunk, block_d
+    )
+    return dx, ddelta, dA, dB, dC, dD if has_d else None, dz if has_z else None, dh0, None, None, None
+
+
+_SCAN_BACKWARD = opaque_op("selective_scan_triton_backward", _backward_launch, _backward_fake)
+# (y, the state before each chunk (Bt, nC, E, N), the final state) with gradients; double backward unsupported
+_SCAN = opaque_op(
+    "selective_scan_triton", _forward_launch, _forward_fake, backward=_backward, setup_context=_save_for_backward
+)
 
 
 def _float32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -198,5 +254,5 @@ def selective_scan_triton(
         h0 = _float32(initial_state)
     keep = None if resets is None else (~resets).to(torch.float32).contiguous()  # (Bt, T): 1 − r_t
     inputs = [_float32(t) for t in (x, delta, A, B, C, D, z)]
-    y, final = _SelectiveScanTriton.apply(*inputs, h0, keep, min(chunk_size, seq_len), block_d)
+    y, _, final = _SCAN(*inputs, h0, keep, min(chunk_size, seq_len), block_d)
     return y.to(x.dtype), (final if return_final_state else None)
