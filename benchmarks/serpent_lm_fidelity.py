@@ -169,29 +169,33 @@ def shared_tokenizer(data_dir: Path, work_dir: Path, vocab_size: int) -> Path:
     return folder
 
 
-def train_config(args, name: str, output_dir: Path, data_dir: Path, tokenizer: Path, steps: int):
-    """The TrainConfig of one model: every option but the model config is the same for all of them."""
+def wikitext103_config(args, output_dir: Path, data_dir: Path, tokenizer: Path, steps: int, **options):
+    """A SeRpEnt TrainConfig on the WikiText-103 slice with the shared tokenizer, on the CPU, no checkpoints;
+    ``options`` add or replace fields (the model, the warmup, the seed, ...)."""
     from ssmhub.training import TrainConfig
 
-    return TrainConfig(
-        output_dir=str(output_dir),
-        overwrite_output_dir=True,
-        dataset="wikitext-103",
-        data_dir=str(data_dir),
-        tokenizer=str(tokenizer),
-        seq_len=args.seq_len,
-        max_eval_windows=32,
-        model_type="serpent",
-        model_config=dict(MODELS[name]),
-        per_device_train_batch_size=args.batch_size,
-        max_steps=steps,
-        learning_rate=args.learning_rate,
-        warmup_steps=min(args.warmup, steps),
-        eval_steps=0,
-        save_steps=0,
-        cpu=True,
-        seed=0,
-    )
+    common = {
+        "output_dir": str(output_dir),
+        "overwrite_output_dir": True,
+        "dataset": "wikitext-103",
+        "data_dir": str(data_dir),
+        "tokenizer": str(tokenizer),
+        "seq_len": args.seq_len,
+        "model_type": "serpent",
+        "per_device_train_batch_size": args.batch_size,
+        "max_steps": steps,
+        "learning_rate": args.learning_rate,
+        "eval_steps": 0,
+        "save_steps": 0,
+        "cpu": True,
+    }
+    return TrainConfig(**{**common, **options})
+
+
+def train_config(args, name: str, output_dir: Path, data_dir: Path, tokenizer: Path, steps: int):
+    """The TrainConfig of one model: every option but the model config is the same for all of them."""
+    options = {"max_eval_windows": 32, "model_config": dict(MODELS[name]), "warmup_steps": min(args.warmup, steps)}
+    return wikitext103_config(args, output_dir, data_dir, tokenizer, steps, seed=0, **options)
 
 
 def train_timed(config) -> dict:

@@ -39,7 +39,14 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, write_report
 from _scoring import score_stream
-from serpent_lm_fidelity import final_losses, parameter_split, shared_tokenizer, slice_data_dir, train_timed
+from serpent_lm_fidelity import (
+    final_losses,
+    parameter_split,
+    shared_tokenizer,
+    slice_data_dir,
+    train_timed,
+    wikitext103_config,
+)
 
 BRANCHES = {"resampling_rates": [0.5, 0.1], "resampling_window": 10, "branch_layout": "additive"}
 NOCOMPRESS = {**BRANCHES, "resampling_rates": [1.0, 1.0]}
@@ -119,28 +126,9 @@ def settings(args) -> dict:
 
 def train_config(args, output_dir: Path, data_dir: Path, tokenizer: Path, seed: int, steps: int, **model):
     """The TrainConfig of one run: ``model`` is ``model_config=...`` or ``model_name_or_path=...``."""
-    from ssmhub.training import TrainConfig
-
-    return TrainConfig(
-        output_dir=str(output_dir),
-        overwrite_output_dir=True,
-        dataset="wikitext-103",
-        data_dir=str(data_dir),
-        tokenizer=str(tokenizer),
-        seq_len=args.seq_len,
-        max_eval_windows=16,
-        model_type="serpent",
-        per_device_train_batch_size=args.batch_size,
-        max_steps=steps,
-        learning_rate=args.learning_rate,
-        warmup_steps=max(1, steps // 10),
-        eval_steps=0,
-        save_steps=0,
-        logging_steps=max(1, steps // 10),
-        cpu=True,
-        seed=seed,
-        **model,
-    )
+    tenth = max(1, steps // 10)
+    options = {"max_eval_windows": 16, "warmup_steps": tenth, "logging_steps": tenth, "seed": seed, **model}
+    return wikitext103_config(args, output_dir, data_dir, tokenizer, steps, **options)
 
 
 def score(args, folder: Path, data_dir: Path) -> dict:
