@@ -14,7 +14,8 @@ setup(
     install_requires=[
         # install torch first (the CPU wheel) so that this range does not pull a multi-GB CUDA build
         "torch>=2.4",
-        "transformers>=5.4.0,<6",  # 5.0-5.3 cannot import ssmhub (huggingface_hub @strict on configs); make test-oldest-transformers
+        # 5.0-5.3 cannot import ssmhub (huggingface_hub @strict on configs); make test-oldest-transformers
+        "transformers>=5.4.0,<6",
         "accelerate>=1.0",
         "datasets>=3.0",
         "tokenizers>=0.20",

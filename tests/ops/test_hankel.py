@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ssmhub.ops.hankel import (
+    _lanczos_basis,
     dense_hankel_eigvecs,
     hankel_apply,
     hankel_spectrum,
@@ -82,6 +83,30 @@ def test_a_kernel_of_lower_hankel_rank_still_gets_an_orthonormal_basis():
     torch.testing.assert_close(vectors.mT @ vectors, torch.eye(16, dtype=torch.float64).expand(3, -1, -1))
     scale = dense_sigma[:, :1].clamp(min=1.0)
     assert ((sigma - dense_sigma).abs() / scale).max() < 1e-10
+
+
+@pytest.mark.parametrize("block_size", [4, 5])  # 5: a last block shorter than the others (48 = 9·5 + 3)
+def test_the_lanczos_projected_matrix_is_the_rayleigh_quotient_of_an_orthonormal_basis(block_size):
+    # the Rayleigh-Ritz matrix comes from the Gram-Schmidt coefficients, not from Qᵀ(𝓗Q): check it against the dense
+    # product, on a decaying kernel, one of Hankel rank 6 (the basis outgrows the Krylov space: seeded random rows)
+    # and a zero kernel
+    tail = torch.cat([_smooth_decaying(2, 200, tau=25.0), _sum_of_exponentials(1, 3, 200), torch.zeros(1, 200)])
+    rows, projected = _lanczos_basis(tail.double(), 48, block_size)  # (H, m, T), (H, m, m)
+    torch.testing.assert_close(rows @ rows.mT, torch.eye(48, dtype=torch.float64).expand(4, -1, -1))
+    expected = rows @ square_hankel(tail.double()) @ rows.mT
+    scale = square_hankel(tail.double()).abs().amax((-2, -1)).clamp(min=1.0)[:, None, None]
+    assert ((projected - expected).abs() / scale).max() < 1e-12
+
+
+@pytest.mark.parametrize("tau", [40.0, 120.0, 400.0])
+def test_truncated_best_fit_of_a_long_noisy_kernel_stays_within_one_percent_of_the_dense_fit(tau):
+    # decaying noise kernels long enough for the Krylov route at the default dimension (L 1024, N 32: a basis of
+    # 160 columns): their Hankel singular values fall slowly, what the basis size and block size were chosen for
+    kernel = _smooth_decaying(2, 1024, tau=tau, seed=5).float()
+    assert uses_krylov(64, 1023)
+    fast = fit_modal_kernel(kernel, 32, method="best")
+    dense = fit_modal_kernel(kernel, 32, method="best", eigensolver="dense")
+    assert (fast.relative_error <= 1.01 * dense.relative_error + 1e-6).all()
 
 
 def test_the_solver_is_deterministic():

@@ -125,3 +125,47 @@ def test_hankel_singular_values_match_their_oracle_and_count_a_delay():
     sigma = hankel_singular_values(delay)[0]
     torch.testing.assert_close(sigma[:9], torch.ones(9))
     assert sigma[9:].abs().max() < 1e-6
+
+
+def _direct_residues(kernel, log_modulus, phase, valid, start):
+    """Reference least squares over explicit columns ``Re λ^t``, ``−Im λ^t`` (t ≥ start) of the valid poles."""
+    t = torch.arange(start, kernel.shape[-1], dtype=torch.float64)
+    out = torch.zeros(log_modulus.shape, dtype=torch.complex128)
+    for h in range(kernel.shape[0]):
+        powers = torch.polar(torch.exp(log_modulus[h, :, None] * t), phase[h, :, None] * t)  # (N, T)
+        real = phase[h].sin().abs() <= 1e-6
+        columns = [(n, 0, powers[n].real) for n in range(powers.shape[0]) if valid[h, n]]
+        columns += [(n, 1, -powers[n].imag) for n in range(powers.shape[0]) if valid[h, n] and not real[n]]
+        matrix = torch.stack([column for _, _, column in columns], dim=-1)  # (T, unknowns)
+        z = torch.linalg.lstsq(matrix, kernel[h, start:, None]).solution[:, 0]
+        for (n, part, _), value in zip(columns, z):
+            out[h, n] += value if part == 0 else 1j * value
+    return out
+
+
+def test_residues_of_valid_real_and_complex_poles_match_a_direct_least_squares():
+    from ssmhub.ops.modal import _fit_residues
+
+    # the system is built for the valid poles only, and without the Im columns of real ones (padded to the largest
+    # count in the block): the same least squares as explicit columns, and zero residues for invalid poles
+    gen = torch.Generator().manual_seed(0)
+    kernel = _decaying_noise(3, 200).double()
+    log_modulus = torch.empty(3, 6, dtype=torch.float64).uniform_(0.5, 0.9, generator=gen).log()
+    phase = torch.empty(3, 6, dtype=torch.float64).uniform_(0.3, 2.8, generator=gen)
+    phase[:, 0] = 0.0  # a real pole in every channel
+    phase[1, 3] = torch.pi  # and a negative one
+    valid = torch.tensor([[True] * 6, [True, False, True, True, False, True], [False, True, True, True, True, True]])
+    fitted = _fit_residues(kernel, log_modulus, phase, valid, start=1)
+    expected = _direct_residues(kernel, log_modulus, phase, valid, start=1)
+    assert (fitted[~valid] == 0).all()
+    torch.testing.assert_close(fitted, expected, rtol=1e-7, atol=1e-9 * kernel.abs().max().item())
+
+
+def test_shared_poles_are_solved_once_and_give_the_per_channel_residues():
+    from ssmhub.ops.modal import _circle_poles, _fit_residues
+
+    kernel = _decaying_noise(4, 150).double()
+    poles = _circle_poles(4, 8, 2.0, kernel.device)
+    shared = _fit_residues(kernel, *poles, start=1, shared=True)
+    torch.testing.assert_close(shared, _fit_residues(kernel, *poles, start=1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(shared, _direct_residues(kernel, *poles, start=1), rtol=1e-7, atol=1e-9)

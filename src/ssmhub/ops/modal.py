@@ -51,11 +51,11 @@ arXiv 2310.18780, §3.2, distils long-conv filters by model-order reduction with
   the same least-squares residues. Allows ``N ≤ T/2`` (2N real states, the size of the exact window). The
   eigenvectors come from :mod:`ssmhub.ops.hankel`: by default (``eigensolver="truncated"``) only the ``2N``
   leading ones, from a block Krylov space of the operator applied by FFT, batched over channels (``O(T·m²)``
-  with a basis of ``m = max(4N, 2N + 64)`` columns instead of ``O(T³)``; where ``m > T/4`` the dense route, which
+  with a basis of ``m = max(5N, 2N + 64)`` columns instead of ``O(T³)``; where ``m > T/4`` the dense route, which
   is then as cheap); ``eigensolver="dense"`` is one ``eigh`` of the whole operator per channel, the reference.
-  The two agree on kernels whose Hankel singular values fall off (trained, smoothed kernels: tests hold the
-  truncated fit's error within 1% of the dense one); on noise-like kernels (a random init) at large N the
-  truncated basis is less accurate and the balanced candidate a few percent worse (measured in
+  The two agree on kernels whose Hankel singular values fall off (trained, smoothed, decaying noise kernels: tests
+  hold the truncated fit's error within 1% of the dense one); on kernels whose values barely fall (a random init)
+  the leading subspace is ill defined and a few channels' balanced candidates are worse (measured in
   benchmarks/results/h3_distillation_speed.md).
 - ``"best"``: per channel the smallest error among the hankel, balanced and frequency-sampling candidates
   (:func:`_circle_poles`: poles spread on a circle, which fit delays, whose own realisation is nilpotent and
@@ -220,7 +220,9 @@ def _geometric_sum(log_modulus: torch.Tensor, phase: torch.Tensor, start: int, c
     def power(n: int) -> torch.Tensor:
         return torch.polar(torch.exp(n * log_modulus), torch.remainder(n * phase, _TWO_PI))
 
-    return power(start) * (1 - power(count)) / (1 - power(1))
+    a = power(1)
+    first = a if start == 1 else power(start)  # start 1 (a direct term) is the usual case: one exponential less
+    return first * (1 - power(count)) / (1 - a)
 
 
 def _spd_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -241,53 +243,90 @@ def _spd_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cholesky_solve(b, factor)
 
 
+def _front(mask: torch.Tensor) -> torch.Tensor:
+    """Indices (H, k) that put the True entries of ``mask`` (H, n) first (stably), ``k`` the most True in a row."""
+    count = max(1, int(mask.sum(-1).max()))
+    return torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :count]
+
+
 def _fit_residues(
-    kernel: torch.Tensor, log_modulus: torch.Tensor, phase: torch.Tensor, valid: torch.Tensor, start: int
+    kernel: torch.Tensor,
+    log_modulus: torch.Tensor,
+    phase: torch.Tensor,
+    valid: torch.Tensor,
+    start: int,
+    shared: bool = False,
 ) -> torch.Tensor:
     """Least-squares ``c`` minimising ``Σ_{t≥start} (K[t] - Re Σ_n c_n λ_n^t)²`` (complex128 (H, N)).
 
+    Only the valid poles enter (moved to the front, :func:`_front`; invalid modes get zero residues), so the
+    system is as small as the largest number of valid poles in the block. ``shared``: every channel has the poles
+    of the first one (the frequency-sampling candidates), whose system is then built and factored once.
+    """
+    kept = _front(valid)  # (H, k)
+    lm, ph, ok = (torch.gather(x, -1, kept) for x in (log_modulus, phase, valid))  # (H, k)
+    system = slice(0, 1) if shared else slice(None)
+    solve = _residue_solver(lm[system], ph[system], ok[system], start, kernel.shape[-1] - start)
+    c = solve(_z_transform(kernel[:, start:], lm, ph, start))  # (H, k); its invalid entries are zero
+    return torch.zeros_like(log_modulus, dtype=torch.complex128).scatter(-1, kept, c)
+
+
+def _residue_solver(log_modulus: torch.Tensor, phase: torch.Tensor, valid: torch.Tensor, start: int, count: int):
+    """The factored normal equations of the residue fit for these poles (h, N): a function ``Σ_t K[t] λ^t`` (H, N)
+    -> ``c`` (H, N) complex128 (``h`` is H, or 1 for poles shared by every channel).
+
     Real unknowns ``z = (Re c, Im c)``; ``Re(c λ^t) = Re c·Re λ^t - Im c·Im λ^t``. The Gram matrix of the
     columns ``(Re λ_m^t, -Im λ_m^t)`` has a closed form from ``Re z Re w = ½ Re(zw + z w̄)`` and geometric
-    sums; the right-hand side ``Σ_t K[t] λ_m^t`` is computed in blocks of t. Invalid modes (``valid`` False)
-    get zero columns and, through the ridge, zero residues.
+    sums; the right-hand side ``Σ_t K[t] λ_m^t`` comes from :func:`_z_transform`. Invalid modes (``valid``
+    False) and the Im columns of real poles are left out of the system (:func:`_front`), and get zero residues: the
+    2N eigenvalues of a realisation (conjugate pairs counted once) make at most 2N real unknowns, not 4N.
     """
-    length = kernel.shape[-1]
-    count = length - start
-    lm = torch.where(valid, log_modulus.double(), math.log(0.5))  # (H, N); invalid columns are masked below
+    lm = torch.where(valid, log_modulus.double(), math.log(0.5))  # (h, N); invalid columns are masked below
     ph = phase.double()
-    lm_sum = lm.unsqueeze(-1) + lm.unsqueeze(-2)  # (H, N, N): log|λ_m λ_n|
+    lm_sum = lm.unsqueeze(-1) + lm.unsqueeze(-2)  # (h, N, N): log|λ_m λ_n|
     s_prod = _geometric_sum(lm_sum, ph.unsqueeze(-1) + ph.unsqueeze(-2), start, count)  # Σ (λ_m λ_n)^t
     s_cross = _geometric_sum(lm_sum, ph.unsqueeze(-1) - ph.unsqueeze(-2), start, count)  # Σ (λ_m λ̄_n)^t
     # Σ Re a_m Re a_n = ½ Re(S(λmλn) + S(λmλ̄n));  Σ Im a_m Im a_n = ½ Re(S(λmλ̄n) - S(λmλn))
     # Σ Re a_m Im a_n = ½ Im(S(λmλn) - S(λmλ̄n))
     g_rr = 0.5 * (s_prod + s_cross).real
     g_ii = 0.5 * (s_cross - s_prod).real
-    g_ri = 0.5 * (s_prod - s_cross).imag  # (H, N, N): Σ Re a_m Im a_n
+    g_ri = 0.5 * (s_prod - s_cross).imag  # (h, N, N): Σ Re a_m Im a_n
     gram = torch.cat(
         [torch.cat([g_rr, -g_ri], dim=-1), torch.cat([-g_ri.mT, g_ii], dim=-1)], dim=-2
-    )  # (H, 2N, 2N) for columns (Re a, -Im a)
-    is_complex = phase.double().sin().abs() > _REAL_SIN  # a real pole (phase 0 or π) has no Im column
-    mask = torch.cat([valid, valid & is_complex], dim=-1).double()  # (H, 2N)
-    gram = gram * mask.unsqueeze(-1) * mask.unsqueeze(-2)
-    rhs = _z_transform(kernel[:, start:], log_modulus, phase, start)  # (H, N): Σ_t K[t] λ^t
-    b = torch.cat([rhs.real, -rhs.imag], dim=-1) * mask  # (H, 2N)
+    )  # (h, 2N, 2N) for columns (Re a, -Im a)
+    is_complex = ph.sin().abs() > _REAL_SIN  # a real pole (phase 0 or π) has no Im column
+    n = log_modulus.shape[-1]
+    mask = torch.cat([valid, valid & is_complex], dim=-1)  # (h, 2N)
+    # a column's size is its energy over the fitted taps plus, with a direct term, its tap 0 (Re λ⁰ = 1 for a Re
+    # column): Re c_n also enters d = K[0] − Σ Re c_n, where the decode cancels it
+    tap0 = (torch.arange(2 * n, device=lm.device) < n).double() if start > 0 else 0.0  # (2N,)
+    size = torch.diagonal(gram, dim1=-2, dim2=-1) + tap0  # (h, 2N)
+    columns = _front(mask)  # (h, p), p ≤ 2N: the unknowns that exist
+    active = torch.gather(mask, -1, columns).double()  # (h, p): 0 for padding
+    gram = torch.gather(
+        torch.gather(gram, -2, columns.unsqueeze(-1).expand(-1, -1, 2 * n)),
+        -1,
+        columns.unsqueeze(-2).expand(-1, columns.shape[-1], -1),
+    )  # (h, p, p)
+    size = torch.gather(size, -1, columns) * active
     # Jacobi scaling (columns of unit size), then a truncated eigen-solve: directions of the scaled Gram matrix
     # with eigenvalue below _RCOND·max are combinations of modes that nearly cancel (clustered poles, which
     # ESPRIT returns for sparse, squashed kernels); fitting along them needs residues far larger than the
     # kernel, whose cancellation float32 decoding cannot resolve. Dropping them bounds every mode's contribution.
-    # A column's size is its energy over the fitted taps plus, with a direct term, its tap 0 (Re λ⁰ = 1 for a Re
-    # column): Re c_n also enters d = K[0] − Σ Re c_n, where the decode cancels it
-    n = log_modulus.shape[-1]
-    tap0 = torch.cat([torch.ones_like(b[..., :n]), torch.zeros_like(b[..., n:])], dim=-1) if start > 0 else 0.0
-    size = (torch.diagonal(gram, dim1=-2, dim2=-1) + tap0) * mask  # (H, 2N)
-    col_scale = torch.where(size > 0, size.clamp(min=1e-300).rsqrt(), 0.0)  # (H, 2N); masked columns: 0
-    scaled = gram * col_scale.unsqueeze(-1) * col_scale.unsqueeze(-2)  # (H, 2N, 2N), diagonal ≤ 1
+    col_scale = torch.where(size > 0, size.clamp(min=1e-300).rsqrt(), 0.0)  # (h, p); padding columns: 0
+    scaled = gram * col_scale.unsqueeze(-1) * col_scale.unsqueeze(-2)  # (h, p, p), diagonal ≤ 1
     evals, evecs = torch.linalg.eigh(scaled)  # ascending
     keep = evals > _RCOND * evals[..., -1:].clamp(min=1e-300)
-    inv = torch.where(keep, 1.0 / evals.clamp(min=1e-300), 0.0)  # (H, 2N)
-    projected = (evecs.mT @ (b * col_scale).unsqueeze(-1)).squeeze(-1)  # (H, 2N)
-    z = (evecs @ (inv * projected).unsqueeze(-1)).squeeze(-1) * col_scale * mask  # (H, 2N)
-    return torch.complex(z[..., :n], z[..., n:])
+    inv = torch.where(keep, 1.0 / evals.clamp(min=1e-300), 0.0)  # (h, p)
+
+    def solve(rhs: torch.Tensor) -> torch.Tensor:
+        b = torch.gather(torch.cat([rhs.real, -rhs.imag], dim=-1), -1, columns.expand(rhs.shape[0], -1))  # (H, p)
+        projected = (evecs.mT @ (b * col_scale).unsqueeze(-1)).squeeze(-1)  # (H, p)
+        z = (evecs @ (inv * projected).unsqueeze(-1)).squeeze(-1) * col_scale  # (H, p)
+        z = b.new_zeros(b.shape[0], 2 * n).scatter(-1, columns.expand(rhs.shape[0], -1), z)
+        return torch.complex(z[..., :n], z[..., n:])  # (H, N)
+
+    return solve
 
 
 def _z_transform(taps: torch.Tensor, log_modulus: torch.Tensor, phase: torch.Tensor, start: int) -> torch.Tensor:
@@ -592,7 +631,9 @@ def fit_modal_kernels(
         ]
         if method in ("best", "refined"):
             found += [
-                _finish_fit(k64, *_circle_poles(k64.shape[0], n, s, k64.device), direct_term, channel_block)
+                _finish_fit(
+                    k64, *_circle_poles(k64.shape[0], n, s, k64.device), direct_term, channel_block, shared=True
+                )
                 for s in CIRCLE_DECAYS
             ]
         best = found[0] if len(found) == 1 else _best_per_channel(*found)
@@ -603,10 +644,13 @@ def fit_modal_kernels(
     return fits
 
 
-def _finish_fit(k64, log_modulus, phase, valid, direct_term: bool, channel_block: int) -> ModalKernel:
+def _finish_fit(
+    k64, log_modulus, phase, valid, direct_term: bool, channel_block: int, shared: bool = False
+) -> ModalKernel:
     """Poles rounded to float32, least-squares residues (float64) for exactly those poles, ``d``, honest error.
 
-    ``log_modulus``, ``phase``, ``valid``: (H, N). A channel whose stored fit would be worse than no modes at all
+    ``log_modulus``, ``phase``, ``valid``: (H, N); ``shared``: the same poles in every channel (their residue
+    system is factored once, :func:`_fit_residues`). A channel whose stored fit would be worse than no modes at all
     (``d`` alone) gets no modes.
     """
     channels, length = k64.shape
@@ -617,7 +661,7 @@ def _finish_fit(k64, log_modulus, phase, valid, direct_term: bool, channel_block
     residues = torch.empty(channels, log_modulus.shape[-1], dtype=torch.complex128, device=k64.device)
     for h0 in range(0, channels, channel_block):
         sl = slice(h0, h0 + channel_block)
-        residues[sl] = _fit_residues(k64[sl], log_modulus[sl], phase[sl], valid[sl], start)
+        residues[sl] = _fit_residues(k64[sl], log_modulus[sl], phase[sl], valid[sl], start, shared)
     residues = residues * valid
     d = (
         (k64[:, 0] - residues.real.sum(-1))
