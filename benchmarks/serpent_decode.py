@@ -10,9 +10,10 @@ a random prompt, one torch thread, for:
 
 Eager: the dynamic cache, one Python forward per token. Compiled: ``torch.compile(model.forward, fullgraph=True)``
 (Inductor) over a preallocated cache (``model.static_cache``). Each of ``--rounds`` rounds times every model once
-per mode, the two modes interleaved; each model runs in a fresh process of its own (torch.compile's cache is keyed by
-the code of ``forward``, which the three models share: in one process their shapes would make it compile a dynamic
-graph for all). The table gives medians of rounds and SeRpEnt ÷ each Mamba.
+per mode, models and modes interleaved; each model lives in a worker process of its own (torch.compile's cache is
+keyed by the code of ``forward``, which the three models share: in one process their shapes would make it compile a
+dynamic graph for all), which times one block at a time when asked. The table gives medians of rounds and
+SeRpEnt ÷ each Mamba.
 
     python benchmarks/serpent_decode.py [--width 256] [--layers 4] [--rounds 5]
 """
@@ -109,28 +110,40 @@ class Lane:
         return 1e3 * (time.perf_counter() - start) / steps
 
 
-def time_model(config: dict, args) -> tuple[dict, dict]:
-    """One model's ms/token per mode in every round (modes interleaved) and each mode's warm-up seconds."""
+_LANES: dict[str, Lane] = {}  # a worker process's lanes (one model, every mode), built by prepare_lanes
+
+
+def prepare_lanes(config: dict, args) -> dict[str, float]:
+    """In a worker process: build one model and its lanes (the compiled one compiles here); each's warm-up seconds."""
     torch.set_num_threads(args.threads)
     model = build(config)
-    lanes = {mode: Lane(model, mode, args) for mode in MODES}
-    times = {mode: [] for mode in MODES}
-    for _ in range(args.rounds):
-        for mode, lane in lanes.items():
-            times[mode].append(lane.block(args.steps))
-    return times, {mode: lane.warmup_s for mode, lane in lanes.items()}
+    _LANES.update({mode: Lane(model, mode, args) for mode in MODES})
+    return {mode: lane.warmup_s for mode, lane in _LANES.items()}
+
+
+def time_block(mode: str, steps: int) -> float:
+    """In a worker process: ms/token of the next block of its ``mode`` lane."""
+    return _LANES[mode].block(steps)
 
 
 def measure(args, configs: dict) -> tuple[dict, dict]:
-    """:func:`time_model` of each model in a fresh process: ``{(model, mode): [ms/token per round]}`` and
-    ``{(model, mode): warm-up seconds}``."""
-    times, warmups = {}, {}
-    for name, config in configs.items():
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            own_times, own_warmups = pool.submit(time_model, config, args).result()
-        times.update({(name, mode): value for mode, value in own_times.items()})
-        warmups.update({(name, mode): value for mode, value in own_warmups.items()})
-    return times, warmups
+    """Every model in a worker process of its own, timed one block at a time, models and modes interleaved in
+    every round: ``{(model, mode): [ms/token per round]}`` and ``{(model, mode): warm-up seconds}``."""
+    context = multiprocessing.get_context("spawn")
+    workers = {name: ProcessPoolExecutor(1, mp_context=context) for name in configs}
+    try:
+        warmups = {}
+        for name, config in configs.items():  # one at a time: compiling is not timed, but it loads the machine
+            ready = workers[name].submit(prepare_lanes, config, args).result()
+            warmups.update({(name, mode): seconds for mode, seconds in ready.items()})
+        times = {key: [] for key in warmups}
+        for _ in range(args.rounds):
+            for (name, mode), values in times.items():
+                values.append(workers[name].submit(time_block, mode, args.steps).result())
+        return times, warmups
+    finally:
+        for worker in workers.values():
+            worker.shutdown()
 
 
 def results_table(times: dict, models: dict) -> str:
@@ -176,11 +189,12 @@ def main(argv=None) -> int:
     times, warmups = measure(args, configs)
     models = {name: build(config) for name, config in configs.items()}
     title = "SeRpEnt decode vs Mamba, eager and compiled"
-    report(
-        args,
-        title,
-        ["## Results\n\n" + results_table(times, models), "## Notes\n\n" + notes(args, configs, models, warmups)],
-    )
+    sections = [
+        "## Results\n\n" + results_table(times, models),
+        "## Reading\n\n" + verdict(times),
+        "## Notes\n\n" + notes(args, configs, models, warmups),
+    ]
+    report(args, title, sections)
     return 0
 
 
