@@ -271,6 +271,20 @@ def _fit_residues(
     return torch.zeros_like(log_modulus, dtype=torch.complex128).scatter(-1, kept, c)
 
 
+def _residue_gram(lm: torch.Tensor, ph: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """The Gram matrix (h, 2N, 2N) of the residue fit's real columns ``(Re λ_m^t, −Im λ_m^t)``, t = start ..
+    start + count − 1, for poles ``λ = exp(lm + i·ph)`` (h, N), in closed form from geometric sums."""
+    lm_sum = lm.unsqueeze(-1) + lm.unsqueeze(-2)  # (h, N, N): log|λ_m λ_n|
+    s_prod = _geometric_sum(lm_sum, ph.unsqueeze(-1) + ph.unsqueeze(-2), start, count)  # Σ (λ_m λ_n)^t
+    s_cross = _geometric_sum(lm_sum, ph.unsqueeze(-1) - ph.unsqueeze(-2), start, count)  # Σ (λ_m λ̄_n)^t
+    # Σ Re a_m Re a_n = ½ Re(S(λmλn) + S(λmλ̄n));  Σ Im a_m Im a_n = ½ Re(S(λmλ̄n) - S(λmλn))
+    # Σ Re a_m Im a_n = ½ Im(S(λmλn) - S(λmλ̄n))
+    g_rr = 0.5 * (s_prod + s_cross).real
+    g_ii = 0.5 * (s_cross - s_prod).real
+    g_ri = 0.5 * (s_prod - s_cross).imag  # (h, N, N): Σ Re a_m Im a_n
+    return torch.cat([torch.cat([g_rr, -g_ri], dim=-1), torch.cat([-g_ri.mT, g_ii], dim=-1)], dim=-2)
+
+
 def _residue_solver(log_modulus: torch.Tensor, phase: torch.Tensor, valid: torch.Tensor, start: int, count: int):
     """The factored normal equations of the residue fit for these poles (h, N): a function ``Σ_t K[t] λ^t`` (H, N)
     -> ``c`` (H, N) complex128 (``h`` is H, or 1 for poles shared by every channel).
@@ -283,17 +297,7 @@ def _residue_solver(log_modulus: torch.Tensor, phase: torch.Tensor, valid: torch
     """
     lm = torch.where(valid, log_modulus.double(), math.log(0.5))  # (h, N); invalid columns are masked below
     ph = phase.double()
-    lm_sum = lm.unsqueeze(-1) + lm.unsqueeze(-2)  # (h, N, N): log|λ_m λ_n|
-    s_prod = _geometric_sum(lm_sum, ph.unsqueeze(-1) + ph.unsqueeze(-2), start, count)  # Σ (λ_m λ_n)^t
-    s_cross = _geometric_sum(lm_sum, ph.unsqueeze(-1) - ph.unsqueeze(-2), start, count)  # Σ (λ_m λ̄_n)^t
-    # Σ Re a_m Re a_n = ½ Re(S(λmλn) + S(λmλ̄n));  Σ Im a_m Im a_n = ½ Re(S(λmλ̄n) - S(λmλn))
-    # Σ Re a_m Im a_n = ½ Im(S(λmλn) - S(λmλ̄n))
-    g_rr = 0.5 * (s_prod + s_cross).real
-    g_ii = 0.5 * (s_cross - s_prod).real
-    g_ri = 0.5 * (s_prod - s_cross).imag  # (h, N, N): Σ Re a_m Im a_n
-    gram = torch.cat(
-        [torch.cat([g_rr, -g_ri], dim=-1), torch.cat([-g_ri.mT, g_ii], dim=-1)], dim=-2
-    )  # (h, 2N, 2N) for columns (Re a, -Im a)
+    gram = _residue_gram(lm, ph, start, count)  # (h, 2N, 2N) for columns (Re a, -Im a)
     is_complex = ph.sin().abs() > _REAL_SIN  # a real pole (phase 0 or π) has no Im column
     n = log_modulus.shape[-1]
     mask = torch.cat([valid, valid & is_complex], dim=-1)  # (h, 2N)
