@@ -28,7 +28,6 @@ PIECES = ["none", "Eq. 13 steps", "clock and window", "θ_Γ (Eq. 12)", "branch 
 def prefix_step(pieces: int):
     """``step_branches`` cut after its first ``pieces`` pieces (0-4), outputs zero."""
     from ssmhub.layers import serpent_step as s
-    from ssmhub.layers.mamba import mamba_step
     from ssmhub.ops.resampling import ResamplingState, resampling_step
 
     def step(w, x_t, state, mask_t):
@@ -44,10 +43,10 @@ def prefix_step(pieces: int):
         state = {**state, **stream._asdict()}
         if pieces == 2:
             return zeros, state
-        x_bar = s._compress(w, emission.inputs, emission.distance, emission.valid, x_t.dtype)  # (R, B, H_b)
+        x_bar = s._compress(w, emission.inputs, emission.distance, emission.valid, x_t.dtype)  # (B, R, H_b)
         if pieces == 3:
             return zeros, state
-        mamba_step(w.mamba, x_bar, state["conv_state"].transpose(0, 1), state["ssm_state"].transpose(0, 1))
+        s._branch_mambas(w, x_bar, state["conv_state"], state["ssm_state"])
         return zeros, state
 
     return step

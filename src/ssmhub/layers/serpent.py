@@ -61,7 +61,7 @@ from .mixer import TokenMixer
 from .serpent_maps import BranchOutput, DenseWindowMap, DepthwiseWindowMap, StepProjection
 from .serpent_maps import linear_init_std as linear_init_std_of
 from .serpent_options import SerpentOptions
-from .serpent_step import stack_branches, stacked_weights, step_branches
+from .serpent_step import stacked_weights, step_branches
 
 __all__ = ["ResamplingBranch", "SerpentMixer", "SerpentOptions"]
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
@@ -453,25 +453,11 @@ class SerpentMixer(TokenMixer):
         new_state = {f"base.{name}": value for name, value in base_state.items()}
         if not len(self.resampled):
             return y_t, new_state
-        if torch.compiler.is_compiling():  # each branch on its own weights: stacking them would copy every step
-            y_branches, stacked = self._step_branches_one_by_one(x_t, self._part(state, "resampled"), mask_t)
-        else:
-            weights = stacked_weights(self, self.resampled)
-            y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
+        weights = stacked_weights(self, self.resampled)  # under torch.compile: stacked anew in the graph each step
+        y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
         new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
         outputs = [branch.project_output(y_branches[:, i]) for i, branch in enumerate(self.resampled)]  # (B, ·) each
         return self._combine([y_t, *outputs]), new_state  # (B, H)
-
-    def _step_branches_one_by_one(self, x_t, stacked, mask_t):
-        """:func:`step_branches` of each resampling branch alone (R = 1, its weights as views), restacked."""
-        results = [
-            step_branches(
-                stack_branches([branch]), x_t, {name: value[:, i : i + 1] for name, value in stacked.items()}, mask_t
-            )
-            for i, branch in enumerate(self.resampled)
-        ]
-        y = torch.cat([y for y, _ in results], dim=1)  # (B, R, H_b)
-        return y, {name: torch.cat([s[name] for _, s in results], dim=1) for name in stacked}
 
     def extra_repr(self) -> str:
         return (

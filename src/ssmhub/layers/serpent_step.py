@@ -6,7 +6,8 @@ branch's Mamba. The branches share every shape (window K, G distance features, w
 and differ only in their weights and κ, so this module stacks their weights along a leading branch dimension
 (:mod:`ssmhub.layers.stacking`) and runs each piece once for all of them, the Mambas through
 :func:`~ssmhub.layers.mamba.mamba_step`; the window input projections and θ_Γ are called branch by branch (modules,
-so that a quantized projection runs as it does in the parallel pass).
+so that a quantized projection runs as it does in the parallel pass). Branches that share one Mamba (the additive
+layout) step it once over all their rows, (1, B·R, H_b), on its own weights, unstacked.
 :meth:`ResamplingBranch._step <ssmhub.layers.serpent.ResamplingBranch._step>` is this step with R = 1, so there is
 one implementation of the streaming branch.
 
@@ -40,7 +41,8 @@ class StackedBranches(NamedTuple):
     """The weights of R resampling branches, stacked branch-first.
 
     Eq. 13: step_weight (R, H) and step_bias (R,) float64 (θ_Δ), grid_step (R,) Δ and its lattice,
-    one_minus_kappa and kappa (R,) float32. Eq. 12: centers (1, R, 1, G) μ. mamba: the branch Mambas' step weights.
+    one_minus_kappa and kappa (R,) float32. Eq. 12: centers (1, R, 1, G) μ. mamba: the branch Mambas' step weights,
+    stacked (R, ...), or the one Mamba they share (1, ...) where ``shared_mamba``.
     branches: the :class:`~ssmhub.layers.serpent.ResamplingBranch` modules themselves (their window inputs and θ_Γ).
     """
 
@@ -52,6 +54,7 @@ class StackedBranches(NamedTuple):
     kappa: torch.Tensor
     centers: torch.Tensor
     mamba: MambaStepWeights
+    shared_mamba: bool
     branches: tuple
 
 
@@ -59,6 +62,7 @@ def stack_branches(branches) -> StackedBranches:
     """Stack the weights of ``branches`` (:class:`~ssmhub.layers.serpent.ResamplingBranch`, same shapes)."""
     grid_step = torch.stack([b.ssm.grid_step() for b in branches])  # each a 0-dim exp, as in the parallel pass
     device = grid_step.device
+    shared = all(b.mamba is branches[0].mamba for b in branches)
     return StackedBranches(
         step_weight=torch.stack([b.step_proj.weight[0] for b in branches]).double(),
         step_bias=torch.cat([b.step_proj.bias for b in branches]).double(),
@@ -67,7 +71,8 @@ def stack_branches(branches) -> StackedBranches:
         one_minus_kappa=torch.tensor([1 - b.resampling_rate for b in branches], dtype=torch.float32, device=device),
         kappa=torch.tensor([b.resampling_rate for b in branches], dtype=torch.float32, device=device),
         centers=stack([b.ssm.distance_centers for b in branches], middle=True)[None],
-        mamba=stack_step_weights([b.mamba for b in branches]),
+        mamba=stack_step_weights([branches[0].mamba] if shared else [b.mamba for b in branches]),
+        shared_mamba=shared,
         branches=tuple(branches),
     )
 
@@ -97,10 +102,11 @@ def _window_inputs(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
 
 
 def _compress(w: StackedBranches, inputs, distance, valid, dtype) -> torch.Tensor:
-    """Eq. 12: window inputs (B, R, K, W), distances and validity (B, R, K) -> x̄ (R, B, H_b), branch first."""
+    """Eq. 12: window inputs (B, R, K, W), distances and validity (B, R, K) -> x̄ (B, R, H_b)."""
     features = gaussian_distance_features(distance, w.centers, valid)  # (B, R, K, G)
     inputs = inputs.to(dtype)
-    return torch.stack([branch.compress(inputs[:, i], features[:, i]) for i, branch in enumerate(w.branches)])
+    compressed = [branch.compress(inputs[:, i], features[:, i]) for i, branch in enumerate(w.branches)]
+    return torch.stack(compressed, dim=1)
 
 
 def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.Tensor], mask_t):
@@ -126,16 +132,25 @@ def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.
         None if mask_t is None else mask_t[:, None].expand(batch, branches),
     )
     new_state = stream._asdict()
-    held, conv_state, ssm_state = state["held"], state["conv_state"], state["ssm_state"]
+    x_bar = _compress(w, emission.inputs, emission.distance, emission.valid, x_t.dtype)  # (B, R, H_b)
+    y_t, stepped_conv, stepped_ssm = _branch_mambas(w, x_bar, state["conv_state"], state["ssm_state"])
     # Every row's branch Mamba steps and only the rows that crossed a grid point keep the result: a branch on
     # ``emitted.any()`` would read the device back every token (a sync on a GPU, a break in a CUDA graph).
-    x_bar = _compress(w, emission.inputs, emission.distance, emission.valid, x_t.dtype)  # (R, B, H_b)
-    y_t, stepped_conv, stepped_ssm = mamba_step(
-        w.mamba, x_bar, conv_state.transpose(0, 1), ssm_state.transpose(0, 1)
-    )  # (R, B, ...)
     emitted = emission.emitted  # (B, R)
-    held = torch.where(emitted[..., None], y_t.transpose(0, 1).float(), held)
-    conv_state = torch.where(emitted[..., None, None], stepped_conv.transpose(0, 1), conv_state)
-    ssm_state = torch.where(emitted[..., None, None], stepped_ssm.transpose(0, 1), ssm_state)
+    held = torch.where(emitted[..., None], y_t.float(), state["held"])
+    conv_state = torch.where(emitted[..., None, None], stepped_conv, state["conv_state"])
+    ssm_state = torch.where(emitted[..., None, None], stepped_ssm, state["ssm_state"])
     new_state.update(held=held, conv_state=conv_state, ssm_state=ssm_state)
     return held.to(x_t.dtype), new_state
+
+
+def _branch_mambas(w: StackedBranches, x_bar, conv_state, ssm_state):
+    """A step of every branch's Mamba: x̄ (B, R, H_b) and its states (B, R, ...) -> y (B, R, H_b) and the stepped
+    states (B, R, ...). One shared Mamba steps the B·R rows as one batch (views, no copy); branches of their own
+    step as R stacked Mambas on branch-first views (R, B, ...)."""
+    batch, branches = x_bar.shape[:2]
+    if w.shared_mamba:  # (B, R, ...) -> (1, B·R, ...): one mixer, B·R rows
+        rows = [t.reshape(1, batch * branches, *t.shape[2:]) for t in (x_bar, conv_state, ssm_state)]
+        return [t.view(batch, branches, *t.shape[2:]) for t in mamba_step(w.mamba, *rows)]
+    stepped = mamba_step(w.mamba, *(t.transpose(0, 1) for t in (x_bar, conv_state, ssm_state)))  # (R, B, ...)
+    return [t.transpose(0, 1) for t in stepped]
