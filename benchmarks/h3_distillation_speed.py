@@ -5,7 +5,8 @@ What is measured
 For each ``--sizes`` entry (``WIDTHxLAYERS``) a randomly initialised ``H3ForCausalLM`` (the config's defaults
 otherwise: L_max 2048, attention layers where the config puts them) gives the learned kernels of every long
 convolution, the ones ``distill_for_decoding`` fits. On ``--sample`` channels spread over all layers,
-``fit_modal_kernels(kernels, [N], method)`` (what ``distill_for_decoding(N)`` runs per layer) is timed with
+``fit_modal_kernels_threaded(kernels, [N], method)`` (what ``distill_for_decoding(N)`` runs per layer: the fit
+in a thread per torch thread where each gets at least 16 channels, else one call) is timed with
 ``eigensolver="truncated"`` (the default) and on the first ``--dense-sample`` of them with ``eigensolver="dense"``
 (one T×T ``eigh`` per channel), medians of ``--repeats``; both per-channel times are multiplied by the model's
 channel count (extrapolated, labelled so) and their ratio reported. On the dense sample the per-channel fit errors of
@@ -29,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, median, report
 
 import ssmhub
-from ssmhub.ops.modal import fit_modal_kernels
+from ssmhub.ops.modal_threads import fit_modal_kernels_threaded
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,7 +71,7 @@ def timed_fit(kernels: torch.Tensor, args, eigensolver: str):
     times, fit = [], None
     for _ in range(args.repeats):
         start = time.perf_counter()
-        fit = fit_modal_kernels(kernels, [args.modes], args.method, eigensolver=eigensolver)[0]
+        fit = fit_modal_kernels_threaded(kernels, [args.modes], args.method, eigensolver=eigensolver)[0]
         times.append(time.perf_counter() - start)
     return median(times), fit.relative_error
 
@@ -127,8 +128,8 @@ def main(argv=None) -> int:
     error_headers = ["model", "channels compared", "dense fit error (mean)", "truncated (mean)",
                      "largest per-channel change", "every channel within 1%"]  # fmt: skip
     notes = (
-        f"- `fit_modal_kernels(kernels, [{args.modes}], {args.method!r}, eigensolver=...)` on {args.sample} channels "
-        f"(truncated) and the first {args.dense_sample} of them (dense), spread over every layer; medians of "
+        f"- `fit_modal_kernels_threaded(kernels, [{args.modes}], {args.method!r}, eigensolver=...)` on {args.sample} "
+        f"channels (truncated) and the first {args.dense_sample} of them (dense), spread over every layer; medians of "
         f"{args.repeats}; per-model minutes = seconds per channel × channels (extrapolated), torch threads "
         f"{torch.get_num_threads()}.\n- Random-init kernels (no trained model of these sizes exists here): noise "
         "under a decaying envelope, whose Hankel singular values fall slowly, the hardest case for a truncated "

@@ -228,7 +228,7 @@ def test_bad_distillation_requests_fail_before_any_fitting(kwargs, message, monk
     def no_fitting(*args, **kwargs):
         raise AssertionError("fitted before checking the request")
 
-    monkeypatch.setattr(distillation, "fit_modal_kernels", no_fitting)
+    monkeypatch.setattr(distillation, "fit_modal_kernels_threaded", no_fitting)
     model = ssmhub.H3ForCausalLM(tiny_config(num_hidden_layers=3, attention_layers=[1]))
     with pytest.raises(ValueError, match=message):
         model.distill_for_decoding(**kwargs)

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from ssmhub.ops.hankel import (
+    _SECOND_PASS,
+    KRYLOV_DTYPE,
     _lanczos_basis,
     dense_hankel_eigvecs,
     hankel_apply,
@@ -15,8 +17,20 @@ from ssmhub.ops.hankel import (
     uses_krylov,
 )
 from ssmhub.ops.modal import fit_modal_kernel, fit_modal_kernels
+from ssmhub.ops.precision import float32_matmul_precision
 
 EPS64 = torch.finfo(torch.float64).eps
+DTYPES = [torch.float64, torch.float32]  # the Krylov basis's precision (float32: the default, KRYLOV_DTYPE)
+
+
+def _rounding(dtype, taps):
+    """How far a Krylov basis of ``dtype`` is from orthonormal, hence ``Qᵀ𝓗Q`` from the Gram-Schmidt coefficients
+    from the exact Rayleigh quotient, relative to ‖𝓗‖: float64 as the tests had it before float32 existed; float32
+    ``eps·√T/_SECOND_PASS`` (a pass leaves ``eps·√T`` of what entered it, a row whose QR diagonal is at least
+    ``_SECOND_PASS`` of that magnifies it by at most 1/_SECOND_PASS, see ssmhub.ops.hankel._orthonormal_rows)."""
+    if dtype == torch.float64:
+        return 1e-10
+    return torch.finfo(dtype).eps * taps**0.5 / _SECOND_PASS[dtype]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -55,15 +69,18 @@ def _projector(vectors):
     return vectors @ vectors.mT  # (H, T, T): the orthogonal projector on the columns' span (orthonormal columns)
 
 
-def test_leading_eigenpairs_match_the_dense_eigh_on_a_decaying_spectrum():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leading_eigenpairs_match_the_dense_eigh_on_a_decaying_spectrum(dtype):
     tail = _smooth_decaying(4, 400, tau=12.0)  # Hankel singular values fall below 1e-12·σ₁ within ~150
-    rank = 8
+    rank, rounding = 8, _rounding(dtype, 400)
     assert uses_krylov(rank, 400) and krylov_dimension(rank, 400) == 72
-    sigma, vectors = leading_hankel_eigvecs(tail, rank)
+    sigma, vectors = leading_hankel_eigvecs(tail, rank, krylov_dtype=dtype)
     dense_sigma, dense_vectors = dense_hankel_eigvecs(tail)
     scale = dense_sigma[:, :1]
-    assert ((sigma - dense_sigma[:, :rank]).abs() / scale).max() < 1e-10
-    torch.testing.assert_close(vectors.mT @ vectors, torch.eye(rank, dtype=torch.float64).expand(4, -1, -1))
+    # Weyl: a Ritz value moves by at most the error of the projected matrix, rounding·σ₁
+    assert ((sigma - dense_sigma[:, :rank]).abs() / scale).max() < rounding
+    eye = torch.eye(rank, dtype=torch.float64)
+    assert (vectors.mT @ vectors - eye).abs().max() < max(rounding, 1e-14)
     # the span of the leading eigenvectors (signs and order within a cluster are arbitrary), against Davis-Kahan's
     # sin Θ bound: ‖sin Θ‖ ≤ ‖𝓗V − V(Vᵀ𝓗V)‖ / gap, the gap between the kept and the dropped |eigenvalues|
     gap = dense_sigma[:, rank - 1] - dense_sigma[:, rank]  # (H,)
@@ -71,31 +88,37 @@ def test_leading_eigenpairs_match_the_dense_eigh_on_a_decaying_spectrum():
     image = square_hankel(tail) @ vectors
     residual = torch.linalg.matrix_norm(image - vectors @ (vectors.mT @ image))  # (H,)
     difference = torch.linalg.matrix_norm(_projector(vectors) - _projector(dense_vectors[..., :rank]), ord=2)
-    assert (difference <= residual / gap + 1e-10).all()
-    assert (residual / scale[:, 0]).max() < 1e-6  # and the Krylov space has converged that far
+    assert (difference <= residual / gap + rounding).all()
+    assert (residual / scale[:, 0]).max() < max(1e-6, rounding)  # and the Krylov space has converged that far
 
 
-def test_a_kernel_of_lower_hankel_rank_still_gets_an_orthonormal_basis():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_kernel_of_lower_hankel_rank_still_gets_an_orthonormal_basis(dtype):
     tail = torch.cat([_sum_of_exponentials(2, 3, 300), torch.zeros(1, 300, dtype=torch.float64)])  # ranks 6, 6, 0
-    sigma, vectors = leading_hankel_eigvecs(tail, 16)
+    sigma, vectors = leading_hankel_eigvecs(tail, 16, krylov_dtype=dtype)
     dense_sigma = dense_hankel_eigvecs(tail)[0][:, :16]
+    rounding = _rounding(dtype, 300)
     assert torch.isfinite(vectors).all()
-    torch.testing.assert_close(vectors.mT @ vectors, torch.eye(16, dtype=torch.float64).expand(3, -1, -1))
+    assert (vectors.mT @ vectors - torch.eye(16, dtype=torch.float64)).abs().max() < max(rounding, 1e-14)
     scale = dense_sigma[:, :1].clamp(min=1.0)
-    assert ((sigma - dense_sigma).abs() / scale).max() < 1e-10
+    assert ((sigma - dense_sigma).abs() / scale).max() < rounding
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [4, 5])  # 5: a last block shorter than the others (48 = 9·5 + 3)
-def test_the_lanczos_projected_matrix_is_the_rayleigh_quotient_of_an_orthonormal_basis(block_size):
+def test_the_lanczos_projected_matrix_is_the_rayleigh_quotient_of_an_orthonormal_basis(block_size, dtype):
     # the Rayleigh-Ritz matrix comes from the Gram-Schmidt coefficients, not from Qᵀ(𝓗Q): check it against the dense
     # product, on a decaying kernel, one of Hankel rank 6 (the basis outgrows the Krylov space: seeded random rows)
     # and a zero kernel
     tail = torch.cat([_smooth_decaying(2, 200, tau=25.0), _sum_of_exponentials(1, 3, 200), torch.zeros(1, 200)])
-    rows, projected = _lanczos_basis(tail.double(), 48, block_size)  # (H, m, T), (H, m, m)
-    torch.testing.assert_close(rows @ rows.mT, torch.eye(48, dtype=torch.float64).expand(4, -1, -1))
+    rows, projected = _lanczos_basis(tail.double(), 48, block_size, dtype)  # (H, m, T), (H, m, m)
+    # (float32: the coefficients are exact for its rows to its rounding, and the rows orthonormal to `rounding`)
+    assert rows.dtype == projected.dtype == dtype
+    rows, projected, rounding = rows.double(), projected.double(), _rounding(dtype, 200)
+    assert (rows @ rows.mT - torch.eye(48, dtype=torch.float64)).abs().max() < max(rounding, 1e-14)
     expected = rows @ square_hankel(tail.double()) @ rows.mT
     scale = square_hankel(tail.double()).abs().amax((-2, -1)).clamp(min=1.0)[:, None, None]
-    assert ((projected - expected).abs() / scale).max() < 1e-12
+    assert ((projected - expected).abs() / scale).max() < (1e-12 if dtype == torch.float64 else rounding)
 
 
 @pytest.mark.parametrize("tau", [40.0, 120.0, 400.0])
@@ -103,10 +126,22 @@ def test_truncated_best_fit_of_a_long_noisy_kernel_stays_within_one_percent_of_t
     # decaying noise kernels long enough for the Krylov route at the default dimension (L 1024, N 32: a basis of
     # 160 columns): their Hankel singular values fall slowly, what the basis size and block size were chosen for
     kernel = _smooth_decaying(2, 1024, tau=tau, seed=5).float()
-    assert uses_krylov(64, 1023)
+    assert uses_krylov(64, 1023) and KRYLOV_DTYPE == torch.float32  # the default route: a float32 Krylov basis
     fast = fit_modal_kernel(kernel, 32, method="best")
     dense = fit_modal_kernel(kernel, 32, method="best", eigensolver="dense")
     assert (fast.relative_error <= 1.01 * dense.relative_error + 1e-6).all()
+
+
+def test_a_float32_basis_ignores_a_lower_float32_matmul_precision():
+    # TF32 (CUDA, "high") or bfloat16 passes (a CPU with AVX512-BF16, "medium") would round the float32 basis's
+    # products to ~1e-3: the solver scopes "highest" around them, and gives back the caller's setting
+    tail = _smooth_decaying(2, 300, tau=30.0)
+    expected = leading_hankel_eigvecs(tail, 8)
+    with float32_matmul_precision("medium"):
+        lowered = leading_hankel_eigvecs(tail, 8)
+        assert torch.get_float32_matmul_precision() == "medium"
+    for a, b in zip(expected, lowered):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_the_solver_is_deterministic():
@@ -120,12 +155,29 @@ def test_the_solver_is_deterministic():
 def test_truncated_fit_errors_are_within_one_percent_of_the_dense_fit(method):
     kernel = torch.cat([_smooth_decaying(3, 513, tau=tau, seed=2) for tau in (8.0, 30.0, 80.0)]).float()
     modes = [2, 8, 16]
-    assert uses_krylov(2 * max(modes), 512)
+    assert uses_krylov(2 * max(modes), 512) and KRYLOV_DTYPE == torch.float32
     truncated = fit_modal_kernels(kernel, modes, method)  # the default eigensolver
     dense = fit_modal_kernels(kernel, modes, method, eigensolver="dense")
     for fast, reference in zip(truncated, dense):
         # the issue's bound: per channel within 1% (relative) of the dense fit's error (plus float32 storage)
         assert (fast.relative_error <= 1.01 * reference.relative_error + 1e-6).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["balanced", "best"])
+def test_at_the_distillation_shape_the_float32_basis_keeps_fits_within_one_percent_of_the_dense_fit(method):
+    # an H3's kernels at L_max 2048 and N 64 (T 2047, rank 128, a float32 basis of 320 columns in blocks of 16):
+    # decaying noise kernels of time constants 20 to 400 taps, whose fit errors span 1e-3 to 0.4. The bound is the
+    # issue's (1% of the dense fit's error, plus 1e-6: the error is stored in float32). Why a float32 basis can be
+    # expected to hold it (a heuristic; this test is the check): it gives 𝓗's projection to ~3e-5·σ₁ (tests
+    # above), which by Davis-Kahan turns the leading Ritz subspace only towards Hankel singular values within
+    # ~3e-5·σ₁ of the r-th, and the Rayleigh-Ritz eigh stays float64. Measured on these kernels: best fits equal to
+    # a float64 basis's to 0.01%, balanced ones equal or up to 0.9% better; none worse than the dense route's.
+    kernel = torch.cat([_smooth_decaying(2, 2048, tau=tau, seed=7) for tau in (20.0, 60.0, 150.0, 400.0)]).float()
+    assert uses_krylov(2 * 64, 2047) and KRYLOV_DTYPE == torch.float32
+    fast = fit_modal_kernel(kernel, 64, method=method)
+    dense = fit_modal_kernel(kernel, 64, method=method, eigensolver="dense")
+    assert (fast.relative_error <= 1.01 * dense.relative_error + 1e-6).all()
 
 
 def test_bad_solver_arguments():

@@ -3,10 +3,11 @@
 H3 (arXiv 2212.14052 §3) mixes kv with a diagonal SSM, decoded in O(N) per channel; the long-conv paper
 (arXiv 2302.06646 §3.1) replaces it by an explicit kernel of L_max taps, whose exact decode keeps a window of the
 last L_max − 1 inputs (it has no smaller exact state: its Prop. 2, App. D.2). Distilling fits each head's learned
-kernel (all L_max regularized taps) with N complex exponentials (:func:`ssmhub.ops.modal.fit_modal_kernels`), a
-diagonal SSM again. With a tolerance each head gets the smallest order of a ladder ``1, 2, 4, …, num_modes`` that
-meets it, and a head that no order within the budget fits stays exact (error-aware distillation, the order chosen
-per filter as in LaughingHyena, arXiv 2310.18780 §3.2).
+kernel (all L_max regularized taps) with N complex exponentials (:func:`ssmhub.ops.modal.fit_modal_kernels`, a
+thread per CPU core: :mod:`ssmhub.ops.modal_threads`), a diagonal SSM again. With a tolerance each head gets the
+smallest order of a ladder ``1, 2, 4, …, num_modes`` that meets it, and a head that no order within the budget
+fits stays exact (error-aware distillation, the order chosen per filter as in LaughingHyena, arXiv 2310.18780
+§3.2).
 
 :class:`HeadFits` fits and chooses, :class:`ModalForm` holds the result as buffers of the layer (its submodule
 ``ssm``), and :class:`~ssmhub.layers.h3_convolutions.DistilledConvolution` computes with it.
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..ops.modal import ModalKernel, fit_modal_kernels, max_modes
+from ..ops.modal import ModalKernel, max_modes
+from ..ops.modal_threads import fit_modal_kernels_threaded
 
 __all__ = ["DistillationReport", "HeadFits", "ModalForm", "check_distill_request"]
 
@@ -108,7 +110,7 @@ class HeadFits:
         ``2·num_modes`` leading eigenvectors, by ``eigensolver``: see :func:`ssmhub.ops.modal.fit_modal_kernel`)."""
         ladder = {1 << k for k in range(num_modes.bit_length())} | {num_modes}
         orders = [num_modes] if tolerance is None else sorted(n for n in ladder if n <= num_modes)
-        fits = fit_modal_kernels(learned, orders, method, eigensolver=eigensolver)
+        fits = fit_modal_kernels_threaded(learned, orders, method, eigensolver=eigensolver)  # on every CPU core
         errors = torch.stack([f.relative_error for f in fits])  # (orders, H)
         meets = errors <= (tolerance if tolerance is not None else float("inf"))
         choice = torch.where(meets.any(0), meets.to(torch.int8).argmax(0), len(orders) - 1)  # (H,): first order met

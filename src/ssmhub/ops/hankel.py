@@ -11,10 +11,15 @@ Musco 2015, arXiv 1504.05477, Algorithm 2, in its symmetric form; the range find
 ``O(T·m²)`` per channel for a basis of m columns, instead of one eigendecomposition per channel. The basis is
 built by block Lanczos with full reorthogonalisation (:func:`_lanczos_basis`), whose Gram-Schmidt coefficients
 are the Rayleigh-Ritz matrix; the default basis is ``2.5·r`` columns in blocks of ``r/8`` (a Krylov degree of 20).
+The basis, its FFT products and its matmuls are float32 by default (:data:`KRYLOV_DTYPE`: twice the throughput;
+the Rayleigh-Ritz ``eigh`` stays in the tail's precision, float64 in the fits, where a float32 one made a fast
+decaying kernel's balanced fit 6% worse than the dense route's). Measured at T 2047, N 64, its ``best`` fits are
+those of a float64 basis to 0.01% per channel and its ``balanced`` ones the same or better.
 
 Accuracy: a Krylov space converges fast to the eigenvectors of well separated leading eigenvalues; kernels whose
-Hankel singular values fall off (trained, smoothed kernels, and decaying noise kernels up to decays of ~1000 taps
-at T 2047, N 64) are fitted as with the dense route (within 1%: tests/ops/test_hankel.py). Kernels whose values
+Hankel singular values fall off (trained, smoothed kernels, and decaying noise kernels up to decays of ~400 taps
+at T 2047, N 64) are fitted as with the dense route (within 1%: tests/ops/test_hankel.py); at decays of 1000-3000
+taps some channels' fits are 1-3% worse (as much with a float64 basis as with float32). Kernels whose values
 barely fall (a random init: σ_128 ≈ 0.65·σ_1) have no well defined leading subspace at all; there about one
 channel in ten of a random-init H3 gets a ``best`` fit 1-3% worse than the dense route's (docs/families/h3.md).
 :func:`dense_hankel_eigvecs` is the oracle (``eigensolver="dense"`` in :func:`ssmhub.ops.modal.fit_modal_kernels`).
@@ -24,8 +29,11 @@ from __future__ import annotations
 
 import torch
 
+from .precision import float32_matmul_precision
+
 __all__ = [
     "EIGENSOLVERS",
+    "KRYLOV_DTYPE",
     "balanced_basis",
     "dense_hankel_eigvecs",
     "hankel_apply",
@@ -41,8 +49,12 @@ EIGENSOLVERS = ("truncated", "dense")
 
 MAX_BLOCK = 16  # most columns added to the Krylov basis per product with 𝓗 (see krylov_block_size)
 _SEED = 0  # the random test matrix is seeded: the same kernels always give the same basis
-_SECOND_PASS = 1e-3  # a block row that projecting shrank below this fraction of its size is projected again
-_DEFICIENT = 1e-10  # a QR column below this fraction of the block's size is a direction the basis already has
+KRYLOV_DTYPE = torch.float32  # the default precision of the Krylov basis and its products (leading_hankel_eigvecs)
+# by the basis's dtype: a QR row below this fraction of the size of the block entering its last projection is
+# projected again (its rounding, ~eps·√T of that size, is magnified by the row's inverse; see _orthonormal_rows)
+_SECOND_PASS = {torch.float64: 1e-3, torch.float32: 1e-1}
+# by the basis's dtype: a QR row below this fraction of the image's size is a direction the basis already has
+_DEFICIENT = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
 def square_hankel(tail: torch.Tensor) -> torch.Tensor:
@@ -112,37 +124,37 @@ def _hankel_from_rfft(conj_spectrum: torch.Tensor, size: int, columns: torch.Ten
     return torch.cat([reverse[..., :1], reverse[..., size - taps + 1 :].flip(-1)], dim=-1)  # (H, b, T)
 
 
-def _project_out(block: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``block`` (H, b, T) minus its projection on the orthonormal ``rows`` (H, m, T), twice ("twice is enough")."""
-    for _ in range(2):
-        block = block - (block @ rows.mT) @ rows  # (H, b, T)
-    return block
-
-
 def _orthonormal_rows(
-    block: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor, generator: torch.Generator
+    block: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor, entering: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
     """Orthonormal rows (H, b, T) spanning ``block`` (H, b, T), already projected off the basis ``rows`` (H, m, T).
 
-    Householder QR. The projection left components of about ``eps·scale`` on the basis (``scale`` (H,): the size
-    of the block before it was projected); a row of the QR whose diagonal is small against ``scale`` (below
-    ``_SECOND_PASS``) has them magnified by its inverse, so in those channels only the rows are projected off the
-    basis twice more ("twice is enough", the criterion of Daniel, Gragg, Kaufman & Stewart 1976) and orthonormalised
-    again. A row whose diagonal is at most ``_DEFICIENT·scale`` is (numerically) in the span of the basis and the
-    block's earlier rows (a converged Krylov space, a kernel of low Hankel rank, a zero kernel): it is replaced by a
-    seeded random one first, so the basis stays orthonormal and only grows beyond the Krylov space.
+    Householder QR. The last projection pass left components of about ``eps·√T·entering`` on the basis
+    (``entering`` (H,): the size of the block that entered that pass; ``eps`` of the block's dtype); a row of the
+    QR whose diagonal is small against ``entering`` (below ``_SECOND_PASS``) has them magnified by its inverse, so
+    in those channels only the QR's rows, whose components on the basis are then at most ``eps·√T/_SECOND_PASS``,
+    are projected off the basis once more ("twice is enough", the criterion of Daniel, Gragg, Kaufman & Stewart
+    1976) and orthonormalised again (measured at T 2047, m 320: orthonormal to 3e-10 in float64, 4e-5 in float32).
+    A row whose diagonal is at most ``_DEFICIENT·scale`` (``scale`` (H,): the size of the image before any
+    projection) is (numerically) in the span of the basis and the block's earlier rows (a converged Krylov space, a
+    kernel of low Hankel rank, a zero kernel): it is replaced by a seeded random one first, so the basis stays
+    orthonormal and only grows beyond the Krylov space.
     """
     q, r = torch.linalg.qr(block.mT)  # (H, T, b), (H, b, b)
     q = q.mT  # (H, b, T)
     diagonal = torch.diagonal(r, dim1=-2, dim2=-1).abs()  # (H, b)
-    deficient = diagonal <= _DEFICIENT * scale.unsqueeze(-1)  # (H, b)
-    channels = (diagonal <= _SECOND_PASS * scale.unsqueeze(-1)).any(-1).nonzero().squeeze(-1)  # (h,): ⊇ deficient
+    deficient = diagonal <= _DEFICIENT[block.dtype] * scale.unsqueeze(-1)  # (H, b)
+    second = deficient | (diagonal <= _SECOND_PASS[block.dtype] * entering.unsqueeze(-1))  # (H, b)
+    channels = second.any(-1).nonzero().squeeze(-1)  # (h,)
     if channels.numel():
+        channels = slice(None) if channels.numel() == q.shape[0] else channels  # every channel: no gathered copy
         redo = q[channels]  # (h, b, T)
         if bool(deficient.any()):
             noise = torch.randn(block.shape[-2:], generator=generator, dtype=block.dtype, device=block.device)
             redo = torch.where(deficient[channels].unsqueeze(-1), noise, redo)  # (h, b, T)
-        q[channels] = torch.linalg.qr(_project_out(redo, rows[channels]).mT).Q.mT
+        basis = rows[channels]  # (h, m, T)
+        redo = redo - (redo @ basis.mT) @ basis  # (h, b, T): the second pass
+        q[channels] = torch.linalg.qr(redo.mT).Q.mT
     return q
 
 
@@ -166,7 +178,11 @@ def krylov_block_size(rank: int) -> int:
 
 
 def leading_hankel_eigvecs(
-    tail: torch.Tensor, rank: int, dimension: int | None = None, block_size: int | None = None
+    tail: torch.Tensor,
+    rank: int,
+    dimension: int | None = None,
+    block_size: int | None = None,
+    krylov_dtype: torch.dtype | None = KRYLOV_DTYPE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``rank`` leading Hankel singular values (H, rank), descending, and eigenvectors (H, T, rank) of ``tail``.
 
@@ -176,20 +192,30 @@ def leading_hankel_eigvecs(
     seeded Gaussian ``Ω``, and a Rayleigh-Ritz step; every product with 𝓗 goes through the FFT (see the module
     docstring). The basis is built by block Lanczos with full reorthogonalisation (:func:`_lanczos_basis`), which
     also yields the projected matrix ``Qᵀ𝓗Q``. An eigenvector's sign is arbitrary, as with a dense ``eigh``.
+
+    ``krylov_dtype`` (default :data:`KRYLOV_DTYPE`, float32; ``None``: the tail's dtype) is the precision of the
+    basis, its products with 𝓗 and the Ritz vectors' product; the ``eigh`` of ``Qᵀ𝓗Q`` is in the tail's. float32
+    gives the singular values and vectors to ~1e-5·σ₁ (float64: ~1e-12·σ₁), and the fits of
+    :func:`ssmhub.ops.modal.fit_modal_kernels` within 1% of the dense route's where float64 did (tests/ops/
+    test_hankel.py; benchmarks/results/h3_distillation_speed.md).
     """
     channels, taps = tail.shape
     _check_solver_arguments(rank, dimension, block_size, taps)
     dimension = krylov_dimension(rank, taps) if dimension is None else dimension
-    block_size = krylov_block_size(rank) if block_size is None else block_size
-    rows, projected = _lanczos_basis(tail, dimension, min(block_size, dimension))  # (H, m, T), (H, m, m)
-    evals, evecs = torch.linalg.eigh(projected)
-    order = evals.abs().argsort(dim=-1, descending=True)[..., :rank]  # (H, r)
-    sigma = torch.gather(evals.abs(), -1, order)
-    ritz = torch.gather(evecs, -1, order.unsqueeze(-2).expand(channels, dimension, rank))  # (H, m, r)
-    return sigma, (ritz.mT @ rows).mT  # (H, r), (H, T, r): a view of (H, r, T) rows, the faster product layout
+    block_size = min(dimension, krylov_block_size(rank) if block_size is None else block_size)
+    with float32_matmul_precision("highest"):  # a float32 basis needs float32 products, not TF32 or bfloat16 passes
+        rows, projected = _lanczos_basis(tail, dimension, block_size, krylov_dtype)  # (H, m, T), (H, m, m)
+        evals, evecs = torch.linalg.eigh(projected.to(tail.dtype))
+        order = evals.abs().argsort(dim=-1, descending=True)[..., :rank]  # (H, r)
+        sigma = torch.gather(evals.abs(), -1, order)
+        ritz = torch.gather(evecs, -1, order.unsqueeze(-2).expand(channels, dimension, rank))  # (H, m, r)
+        vectors = (ritz.mT.to(rows.dtype) @ rows).to(tail.dtype)  # (H, r, T): rows, the faster product layout
+    return sigma, vectors.mT  # (H, r), (H, T, r)
 
 
-def _lanczos_basis(tail: torch.Tensor, dimension: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _lanczos_basis(
+    tail: torch.Tensor, dimension: int, block_size: int, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """An orthonormal basis ``Qᵀ`` (H, m, T) of the block Krylov space of 𝓗 from ``𝓗Ω`` and ``Qᵀ𝓗Q`` (H, m, m).
 
     Block Lanczos with full reorthogonalisation (Golub & Van Loan, Matrix Computations, 4th ed., §10.3.6 and
@@ -199,17 +225,24 @@ def _lanczos_basis(tail: torch.Tensor, dimension: int, block_size: int) -> tuple
     only the channels where that was not enough). Half the work of Gram-Schmidt twice against the whole basis, and
     the coefficients of both passes are the row ``Q_jᵀ𝓗Q_{≤j}`` of the projected matrix, which therefore costs no
     ``T·m²`` product of its own. Rows are stored as (H, m, T), the layout in which the FFTs need no transposed copy.
+
+    ``dtype`` (default: the tail's): the precision of the basis, the FFT products and the Gram-Schmidt matmuls (the
+    tail's spectrum is taken in the tail's precision and rounded once). float32 halves their cost (twice the
+    AVX2 throughput, half the memory traffic) and gives ``Qᵀ𝓗Q`` to ~1e-5·‖𝓗‖ (the basis's orthogonality, see
+    :func:`_orthonormal_rows`) instead of ~1e-14·‖𝓗‖.
     """
     channels, taps = tail.shape
+    dtype = tail.dtype if dtype is None else dtype
     spectrum, size = hankel_spectrum(tail)
-    conj_spectrum = spectrum.conj().resolve_conj()  # (H, n/2+1)
+    conj_spectrum = spectrum.conj().resolve_conj().to(dtype.to_complex())
     generator = torch.Generator(device=tail.device).manual_seed(_SEED)
-    probes = torch.randn(taps, block_size, generator=generator, dtype=tail.dtype, device=tail.device).mT  # (b, T)
+    probes = torch.randn(taps, block_size, generator=generator, dtype=tail.dtype, device=tail.device).mT.to(dtype)
     # the probes are the same for every channel: one FFT of them serves all
     image = _hankel_from_rfft(conj_spectrum, size, torch.fft.rfft(probes, n=size), taps)  # (H, b, T)
-    rows = tail.new_empty(channels, dimension, taps)  # (H, m, T): Qᵀ, filled block by block
-    projected = tail.new_zeros(channels, dimension, dimension)  # (H, m, m): Qᵀ𝓗Q
-    rows[:, :block_size] = _orthonormal_rows(image, rows[:, :0], image.norm(dim=-1).amax(-1), generator)
+    rows = tail.new_empty(channels, dimension, taps, dtype=dtype)  # (H, m, T): Qᵀ, filled block by block
+    projected = tail.new_zeros(channels, dimension, dimension, dtype=dtype)  # (H, m, m): Qᵀ𝓗Q
+    scale = image.norm(dim=-1).amax(-1)  # (H,)
+    rows[:, :block_size] = _orthonormal_rows(image, rows[:, :0], scale, scale, generator)
     for start in range(0, dimension, block_size):
         stop = min(dimension, start + block_size)
         image = _hankel_rows(conj_spectrum, size, rows[:, start:stop])  # (H, b, T): (𝓗Q_j)ᵀ
@@ -217,6 +250,7 @@ def _lanczos_basis(tail: torch.Tensor, dimension: int, block_size: int) -> tuple
         near = max(0, start - block_size)  # the last two blocks: Q_{j-1}, Q_j
         local = image @ rows[:, near:stop].mT  # (H, b, ≤2b)
         image = image - local @ rows[:, near:stop]
+        entering = image.norm(dim=-1).amax(-1)  # (H,): the size the last pass's rounding is relative to
         coefficients = image @ rows[:, :stop].mT  # (H, b, stop): what rounding left on the whole basis
         image = image - coefficients @ rows[:, :stop]
         coefficients[..., near:stop] += local  # Q_jᵀ𝓗Q_{≤j}
@@ -224,7 +258,8 @@ def _lanczos_basis(tail: torch.Tensor, dimension: int, block_size: int) -> tuple
         projected[:, :start, start:stop] = coefficients[..., :start].mT
         if stop < dimension:
             following = min(dimension, stop + block_size) - stop
-            rows[:, stop : stop + following] = _orthonormal_rows(image, rows[:, :stop], scale, generator)[:, :following]
+            block = _orthonormal_rows(image, rows[:, :stop], scale, entering, generator)  # (H, b, T)
+            rows[:, stop : stop + following] = block[:, :following]
     return rows, 0.5 * (projected + projected.mT)
 
 

@@ -63,7 +63,8 @@ arXiv 2310.18780, §3.2, distils long-conv filters by model-order reduction with
 - ``"refined"``: ``"best"``, then Adam on poles and residues against the L2 kernel error (each channel keeps its
   best iterate; residues refitted by least squares at the end). Measured in benchmarks/results/h3_distillation.md.
 
-Everything is float64/complex128 and batched over channels (in blocks, to bound memory).
+Everything is float64/complex128 (but for the truncated eigensolver's float32 Krylov basis,
+:data:`ssmhub.ops.hankel.KRYLOV_DTYPE`) and batched over channels (in blocks, to bound memory).
 Cost per channel: ``O(M·P² + P³ + T·N + N³)`` (Gram, eigh, right-hand side ``Σ_t K[t] λ^t``, solves) for
 ``"hankel"``, plus the Hankel eigenvectors for the others; the time of a whole model's distillation (truncated vs
 dense eigensolver) is in benchmarks/results/h3_distillation_speed.md.
@@ -614,10 +615,11 @@ def fit_modal_kernels(
     rank = 2 * max(orders)
     krylov = eigensolver == "truncated" and uses_krylov(rank, taps)
     per_channel = 2 * taps * krylov_dimension(rank, taps) if krylov else taps * taps  # doubles of the basis
-    channel_block = max(1, min(channel_block, _DENSE_ELEMENTS // max(1, per_channel)))
+    # the bases bound the channels fitted together; the residue fits (small per channel) keep channel_block
+    basis_block = max(1, min(channel_block, _DENSE_ELEMENTS // max(1, per_channel)))
     poles = {(m, n): [] for m in ("hankel", "balanced") for n in orders}
-    for h0 in range(0, k64.shape[0], channel_block):
-        block = k64[h0 : h0 + channel_block]
+    for h0 in range(0, k64.shape[0], basis_block):
+        block = k64[h0 : h0 + basis_block]
         basis = balanced_basis(block[:, start:], rank, eigensolver) if method != "hankel" else None  # (h, T, 2N)
         for n in orders:
             if method != "balanced" and n <= max_modes(k64.shape[-1], direct_term, "hankel"):
@@ -642,7 +644,7 @@ def fit_modal_kernels(
             ]
         best = found[0] if len(found) == 1 else _best_per_channel(*found)
         if method == "refined":
-            refined = _refine_poles(k64, best, start, refine_steps, channel_block)
+            refined = _refine_poles(k64, best, start, refine_steps, basis_block)  # (h, N, L) autograd tensors
             best = _best_per_channel(best, _finish_fit(k64, *refined, direct_term, channel_block))
         fits.append(best)
     return fits
