@@ -113,12 +113,13 @@ class Lane:
 _LANES: dict[str, Lane] = {}  # a worker process's lanes (one model, every mode), built by prepare_lanes
 
 
-def prepare_lanes(config: dict, args) -> dict[str, float]:
-    """In a worker process: build one model and its lanes (the compiled one compiles here); each's warm-up seconds."""
+def prepare_lanes(config: dict, args) -> tuple[dict[str, float], int]:
+    """In a worker process: build one model and its lanes (the compiled one compiles here); each lane's warm-up
+    seconds and the model's parameter count."""
     torch.set_num_threads(args.threads)
     model = build(config)
     _LANES.update({mode: Lane(model, mode, args) for mode in MODES})
-    return {mode: lane.warmup_s for mode, lane in _LANES.items()}
+    return {mode: lane.warmup_s for mode, lane in _LANES.items()}, sum(p.numel() for p in model.parameters())
 
 
 def time_block(mode: str, steps: int) -> float:
@@ -126,34 +127,35 @@ def time_block(mode: str, steps: int) -> float:
     return _LANES[mode].block(steps)
 
 
-def measure(args, configs: dict) -> tuple[dict, dict]:
+def measure(args, configs: dict) -> tuple[dict, dict, dict]:
     """Every model in a worker process of its own, timed one block at a time, models and modes interleaved in
-    every round: ``{(model, mode): [ms/token per round]}`` and ``{(model, mode): warm-up seconds}``."""
+    every round: ``{(model, mode): [ms/token per round]}``, ``{(model, mode): warm-up seconds}`` and
+    ``{model: parameters}``."""
     context = multiprocessing.get_context("spawn")
     workers = {name: ProcessPoolExecutor(1, mp_context=context) for name in configs}
     try:
-        warmups = {}
+        warmups, params = {}, {}
         for name, config in configs.items():  # one at a time: compiling is not timed, but it loads the machine
-            ready = workers[name].submit(prepare_lanes, config, args).result()
+            ready, params[name] = workers[name].submit(prepare_lanes, config, args).result()
             warmups.update({(name, mode): seconds for mode, seconds in ready.items()})
         times = {key: [] for key in warmups}
         for _ in range(args.rounds):
             for (name, mode), values in times.items():
                 values.append(workers[name].submit(time_block, mode, args.steps).result())
-        return times, warmups
+        return times, warmups, params
     finally:
         for worker in workers.values():
             worker.shutdown()
 
 
-def results_table(times: dict, models: dict) -> str:
+def results_table(times: dict, names) -> str:
     rows = []
     for mode in MODES:
-        ms = {name: median(times[name, mode]) for name in models}
-        spread = {name: f"{min(times[name, mode]):.2f}–{max(times[name, mode]):.2f}" for name in models}
+        ms = {name: median(times[name, mode]) for name in names}
+        spread = {name: f"{min(times[name, mode]):.2f}–{max(times[name, mode]):.2f}" for name in names}
         ratios = (f"**{ms['serpent'] / ms[peer]:.2f}×**" for peer in ("mamba", "mamba-equal"))
-        rows.append([mode, *(f"{ms[n]:.3f} ({spread[n]})" for n in models), *ratios])
-    headers = ["decode", *(f"{n} ms/token (range)" for n in models), "serpent ÷ mamba", "serpent ÷ mamba-equal"]
+        rows.append([mode, *(f"{ms[n]:.3f} ({spread[n]})" for n in names), *ratios])
+    headers = ["decode", *(f"{n} ms/token (range)" for n in names), "serpent ÷ mamba", "serpent ÷ mamba-equal"]
     return markdown_table(headers, rows)
 
 
@@ -170,14 +172,13 @@ def verdict(times: dict, target: float = 1.3) -> str:
     return "\n".join(lines)
 
 
-def notes(args, configs: dict, models: dict, warmups: dict) -> str:
-    params = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
-    lines = [f"- `{n}`: `{configs[n]}`, {params[n]:,} parameters." for n in models]
+def notes(args, configs: dict, params: dict, warmups: dict) -> str:
+    lines = [f"- `{n}`: `{configs[n]}`, {params[n]:,} parameters." for n in configs]
     lines.append(
         f"- Batch 1, a {args.context}-token random prompt, blocks of {args.steps} greedy steps, {args.rounds} rounds "
         f"(medians; range in brackets), torch threads {torch.get_num_threads()}, float32."
     )
-    compile_s = ", ".join(f"{n} {warmups[n, 'compiled']:.0f} s" for n in models)
+    compile_s = ", ".join(f"{n} {warmups[n, 'compiled']:.0f} s" for n in configs)
     lines.append(f"- First block of each compiled lane (compilation included): {compile_s}.")
     return "\n".join(lines)
 
@@ -186,13 +187,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     configs = model_configs(args)
-    times, warmups = measure(args, configs)
-    models = {name: build(config) for name, config in configs.items()}
+    times, warmups, params = measure(args, configs)
     title = "SeRpEnt decode vs Mamba, eager and compiled"
     sections = [
-        "## Results\n\n" + results_table(times, models),
+        "## Results\n\n" + results_table(times, configs),
         "## Reading\n\n" + verdict(times),
-        "## Notes\n\n" + notes(args, configs, models, warmups),
+        "## Notes\n\n" + notes(args, configs, params, warmups),
     ]
     report(args, title, sections)
     return 0
