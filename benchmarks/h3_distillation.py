@@ -18,9 +18,10 @@ Run: ``python benchmarks/h3_distillation.py --model runs/h3-wt2`` (a few minutes
 Synthetic section (issue 30): ``--synthetic RUN.pt`` takes the checkpoint of an ``ssmhub-synthetic`` H3 run on a
 regression task (e.g. Shift at L 512, where the exact model reaches R² ≥ 0.99) or a token task (e.g. MQAR) and
 reports the held-out R² (token tasks: accuracy over the labelled positions) of the exact model and of each
-distillation in ``--configs`` (``method:N`` or ``method:N:tolerance``; the reference
-Hankel/ESPRIT fit is ``hankel``), with the kernel errors, the heads left exact and the decode state per sequence;
-and the Hankel singular values of the trained kernels (table and ``<name>_hsv.png``)::
+distillation in ``--configs`` (``method:N`` or ``method:N:tolerance``, each optionally ``/dense`` for the
+dense Hankel eigensolver instead of the default truncated one; the reference Hankel/ESPRIT fit is ``hankel``),
+with the kernel errors, the heads left exact and the decode state per sequence; and the Hankel singular values
+of the trained kernels (table and ``<name>_hsv.png``)::
 
     ssmhub-synthetic --task shift --model_type h3 --max_steps 300 --checkpoint run.pt
     python benchmarks/h3_distillation.py --synthetic run.pt --configs hankel:64 best:64 best:255:0.05
@@ -53,8 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--configs",
         nargs="+",
         default=None,
-        help="method:N[:tolerance] distillations to score (synthetic default: hankel:16 hankel:64 best:16 best:64 "
-        "best:255:0.05; language model default: --method:N for each --modes)",
+        help="method:N[:tolerance][/eigensolver] distillations to score (eigensolver: truncated, the default, or "
+        "dense; synthetic default: hankel:16 hankel:64 best:16 best:64 best:255:0.05; language model default: "
+        "--method:N for each --modes)",
     )
     p.add_argument("--eval-examples", type=int, default=None, help="synthetic: held-out examples (default: the run's)")
     p.add_argument("--method", default="best", help="fit method of the language-model section")
@@ -129,14 +131,14 @@ def language_model_main(args) -> int:
             truncated_copy(args.model, taps, folder)
             add_row("kernels cut to their first taps (control)", f"{taps} taps", folder)
         for spec in _lm_configs(args):
-            method, modes, tolerance = _parse_config(spec)
+            method, modes, tolerance, eigensolver = _parse_config(spec)
             model = ssmhub.H3ForCausalLM.from_pretrained(args.model)
             start = time.perf_counter()
-            reports = model.distill_for_decoding(modes, tolerance, method)
+            reports = model.distill_for_decoding(modes, tolerance, method, eigensolver)
             fit_s = time.perf_counter() - start
             errors = torch.cat([r.errors for r in reports.values()])
             heads = sum(m.num_heads for m in _long_conv_mixers(model))
-            folder = os.path.join(workdir, spec.replace(":", "_"))
+            folder = os.path.join(workdir, spec.replace(":", "_").replace("/", "_"))
             model.save_pretrained(folder)
             AutoTokenizer.from_pretrained(args.model).save_pretrained(folder)
             add_row(
@@ -198,9 +200,11 @@ def _lm_configs(args) -> list[str]:
     return args.configs or [f"{args.method}:{n}" for n in args.modes]
 
 
-def _parse_config(spec: str) -> tuple[str, int, float | None]:
-    method, modes, *tolerance = spec.split(":")
-    return method, int(modes), float(tolerance[0]) if tolerance else None
+def _parse_config(spec: str) -> tuple[str, int, float | None, str]:
+    """``method:N[:tolerance][/eigensolver]`` -> (method, N, tolerance or None, eigensolver, default truncated)."""
+    fit, _, eigensolver = spec.partition("/")
+    method, modes, *tolerance = fit.split(":")
+    return method, int(modes), float(tolerance[0]) if tolerance else None, eigensolver or "truncated"
 
 
 def _top1(result: dict) -> str:
@@ -293,17 +297,17 @@ def synthetic_main(args) -> int:
     print(f"exact {label} {exact_r2:.4f}; exact long-conv state {exact_bytes} bytes per sequence", flush=True)
     rows = [["exact", "-", "-", "-", "-", f"{exact_bytes:,}", "-", f"{exact_r2:.4f}", "-"]]
     for spec in args.configs or SYNTHETIC_CONFIGS:
-        method, modes, tolerance = _parse_config(spec)
+        method, modes, tolerance, eigensolver = _parse_config(spec)
         model = copy.deepcopy(base)
         begin = time.perf_counter()
-        reports = model.backbone.distill_for_decoding(modes, tolerance, method)
+        reports = model.backbone.distill_for_decoding(modes, tolerance, method, eigensolver)
         fit_s = time.perf_counter() - begin
         errors = torch.cat([r.fit_errors if tolerance is None else r.errors for r in reports.values()])
         exact_heads = sum(len(r.exact_heads) for r in reports.values())
         orders = torch.cat([r.orders[r.orders > 0] for r in reports.values()]).float()
         r2 = evaluate(model, task, inputs, targets, run.eval_batch_size, torch.device("cpu"))[metric]
         row = [
-            method,
+            method if eigensolver == "truncated" else f"{method} ({eigensolver} eigh)",
             modes,
             "-" if tolerance is None else tolerance,
             f"{errors.mean():.4f} / {errors.max():.4f}",

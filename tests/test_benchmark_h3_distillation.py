@@ -50,9 +50,11 @@ def test_the_truncated_copy_keeps_the_first_taps_and_zeros_the_rest(tmp_path):
         assert not torch.allclose(cut(ids).logits[:, 8:], model(ids).logits[:, 8:], atol=1e-6)
 
 
-def test_configs_parse_with_and_without_a_tolerance():
-    assert _parse_config("best:64") == ("best", 64, None)
-    assert _parse_config("hankel:16:0.05") == ("hankel", 16, 0.05)
+def test_configs_parse_with_and_without_a_tolerance_and_an_eigensolver():
+    assert _parse_config("best:64") == ("best", 64, None, "truncated")
+    assert _parse_config("hankel:16:0.05") == ("hankel", 16, 0.05, "truncated")
+    assert _parse_config("best:16/dense") == ("best", 16, None, "dense")
+    assert _parse_config("best:64:0.1/dense") == ("best", 64, 0.1, "dense")
     args = parse_args(["--model", "m", "--modes", "8", "16"])
     assert args.truncate_taps == [64] and args.configs is None
 

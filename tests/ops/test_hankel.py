@@ -8,9 +8,11 @@ from ssmhub.ops.hankel import (
     _SECOND_PASS,
     KRYLOV_DTYPE,
     _lanczos_basis,
+    balanced_basis,
     dense_hankel_eigvecs,
     hankel_apply,
     hankel_spectrum,
+    kernel_support,
     krylov_dimension,
     leading_hankel_eigvecs,
     square_hankel,
@@ -196,10 +198,47 @@ def test_bad_solver_arguments():
 
 def test_below_the_krylov_threshold_the_default_is_the_dense_fit_bit_for_bit():
     # L_max 512 at N = 64 (the synthetic-task models of benchmarks/results/h3_distillation.md): a Krylov basis of
-    # 256 columns is over T/4, so the default takes the dense route and their fits (and R²) are those of before
+    # 320 columns is over T/2, so the default takes the dense route (same op, same input) and their fits (and R²)
+    # are those of before; from T 640 on, the Krylov route
     kernel = _smooth_decaying(2, 512, tau=60.0).float()
-    assert not uses_krylov(2 * 64, 511)
+    assert not uses_krylov(2 * 64, 511) and uses_krylov(2 * 64, 640)
     default = fit_modal_kernel(kernel, 64, method="best")
     dense = fit_modal_kernel(kernel, 64, method="best", eigensolver="dense")
     for name in default.__dataclass_fields__:
         torch.testing.assert_close(getattr(default, name), getattr(dense, name), atol=0, rtol=0)
+
+
+def test_kernel_support_counts_the_taps_up_to_the_last_nonzero_one():
+    tail = torch.tensor([[1.0, 0.0, 2.0, 0.0, 0.0], [0.0] * 5, [0.0, 0.0, 0.0, 0.0, -1e-30], [3.0, 1.0, 0.0, 1.0, 1.0]])
+    assert kernel_support(tail).tolist() == [3, 0, 5, 5]
+
+
+@pytest.mark.parametrize("support", [150, 300])  # below twice the basis size (dense on the support), above (Krylov)
+def test_a_basis_on_the_support_holds_eigenvectors_of_the_whole_operator(support):
+    # a kernel that is zero from tap `support` on: 𝓗 = diag(𝓗_S, 0), so the basis computed on the S×S operator and
+    # padded with zeros must be eigenvectors of the whole T×T one, checked against the dense operator itself
+    taps, rank = 700, 32  # Krylov dimension 96
+    tail = _smooth_decaying(3, taps, tau=25.0)
+    tail[:, support:] = 0
+    vectors = balanced_basis(tail, rank)  # (H, T, r)
+    assert vectors.shape == (3, taps, rank) and not vectors[:, support:].any()
+    image = square_hankel(tail) @ vectors  # (H, T, r)
+    eigenvalues = (vectors * image).sum(-2, keepdim=True)  # (H, 1, r): Rayleigh quotients
+    sigma = dense_hankel_eigvecs(tail)[0]  # (H, T)
+    scale = sigma[:, :1, None]
+    rounding = _rounding(KRYLOV_DTYPE if uses_krylov(rank, support) else torch.float64, support)
+    assert ((image - vectors * eigenvalues).abs() / scale).max() < max(1e-6, 10 * rounding)
+    torch.testing.assert_close(eigenvalues.abs().squeeze(1), sigma[:, :rank], atol=float(scale.max()) * 1e-6, rtol=0)
+
+
+def test_fits_come_back_in_the_kernels_channel_order():
+    # fit_modal_kernels groups channels by support; the bank it returns is in the order of the channels given
+    kernel = torch.cat([_smooth_decaying(2, 600, tau=tau, seed=3) for tau in (15.0, 200.0)]).float()
+    kernel[0, 150:] = 0
+    kernel[3, 400:] = 0
+    order = torch.tensor([3, 0, 2, 1])
+    fit = fit_modal_kernels(kernel, [16], "best")[0]
+    shuffled = fit_modal_kernels(kernel[order], [16], "best")[0]
+    for name in fit.__dataclass_fields__:
+        # the same channels fitted in other blocks: equal up to the rounding of batched float32 ops
+        torch.testing.assert_close(getattr(shuffled, name), getattr(fit, name)[order], atol=1e-4, rtol=1e-3)

@@ -101,7 +101,7 @@ import torch
 
 from .diagonal_step import diagonal_step, polar_parts
 from .fftconv import fft_conv
-from .hankel import EIGENSOLVERS, balanced_basis, krylov_dimension, square_hankel, uses_krylov
+from .hankel import EIGENSOLVERS, balanced_basis, kernel_support, krylov_dimension, square_hankel, uses_krylov
 from .precision import float32_math
 
 __all__ = [
@@ -170,6 +170,10 @@ class ModalKernel:
     def to(self, *args, **kwargs) -> ModalKernel:
         """Move every tensor (e.g. ``.to(device)``); dtypes stay float32."""
         return ModalKernel(*(getattr(self, f).to(*args, **kwargs) for f in self.__dataclass_fields__))
+
+    def channels(self, index: torch.Tensor) -> ModalKernel:
+        """The channels ``index`` (k,) of the bank, in that order."""
+        return ModalKernel(*(getattr(self, f)[index] for f in self.__dataclass_fields__))
 
 
 def max_modes(length: int, direct_term: bool = True, method: str = "hankel") -> int:
@@ -605,12 +609,15 @@ def fit_modal_kernels(
     """:func:`fit_modal_kernel` at several orders at once (one :class:`ModalKernel` per entry of ``orders``).
 
     The balanced method's Hankel eigenvectors, the costly part, are computed once for every order (the
-    ``2·max(orders)`` leading ones, by ``eigensolver``).
+    ``2·max(orders)`` leading ones, by ``eigensolver``), in blocks of channels of about the same support (the
+    taps before a kernel's trailing zeros, :func:`~ssmhub.ops.hankel.kernel_support`), each block's on its own
+    support (:func:`~ssmhub.ops.hankel.balanced_basis`); the fits come back in the kernel's channel order.
     """
     for order in orders:
         _check_fit_arguments(kernel, order, method, direct_term, channel_block, eigensolver)
     start = 1 if direct_term else 0
-    k64 = kernel.detach().double()
+    by_support = kernel_support(kernel.detach()[:, start:]).argsort(stable=True)  # (H,)
+    k64 = kernel.detach().double()[by_support]  # (H, L): channels of shorter support first
     taps = k64.shape[-1] - start
     rank = 2 * max(orders)
     krylov = eigensolver == "truncated" and uses_krylov(rank, taps)
@@ -647,7 +654,8 @@ def fit_modal_kernels(
             refined = _refine_poles(k64, best, start, refine_steps, basis_block)  # (h, N, L) autograd tensors
             best = _best_per_channel(best, _finish_fit(k64, *refined, direct_term, channel_block))
         fits.append(best)
-    return fits
+    channel_order = by_support.argsort()  # (H,): where each of the kernel's channels went
+    return [fit.channels(channel_order) for fit in fits]
 
 
 def _finish_fit(

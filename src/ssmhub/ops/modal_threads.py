@@ -4,8 +4,9 @@ A truncated fit (:func:`~ssmhub.ops.modal.fit_modal_kernels`, the distillation o
 2302.06646 §3.3 and docs/families/h3.md) spends about half its time in LAPACK calls on small matrices: the Ritz
 step's ``eigh``, ESPRIT's and the balanced poles' ``eigvals``, the residue systems' Cholesky factors. torch runs
 a batch of those one matrix after another on one core, whatever its thread count, so on a 2-core CPU the second
-core idles through half of the fit. Channels are fitted independently of each other, so this splits the bank
-into contiguous parts and fits them in Python threads (torch's ops release the GIL), every op on one core.
+core idles through half of the fit. Channels are fitted independently of each other, so this deals the bank
+out to Python threads (torch's ops release the GIL), every op on one core; a channel's cost grows with its support
+(the taps before its trailing zeros), so the channels are dealt in order of support, one to each thread in turn.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .hankel import kernel_support
 from .modal import ModalKernel, fit_modal_kernels
 from .precision import float32_matmul_precision
 
@@ -33,7 +35,7 @@ def fit_modal_kernels_threaded(
     kernel: torch.Tensor, orders: list[int], method: str = "balanced", workers: int | None = None, **options
 ) -> list[ModalKernel]:
     """:func:`~ssmhub.ops.modal.fit_modal_kernels` of ``kernel`` (H, L) in ``workers`` threads (default: torch's
-    intra-op thread count), each fitting a contiguous part of the H channels with every op on one core.
+    intra-op thread count), each fitting every ``workers``-th channel in order of support with every op on one core.
 
     A channel's fit is the one :func:`fit_modal_kernels` gives it, up to the rounding of batched ops over other
     channel blocks (and, where a Krylov basis runs out of directions, which seeded random row fills it). While the
@@ -48,7 +50,9 @@ def fit_modal_kernels_threaded(
     workers = min(workers, kernel.shape[0] // MIN_CHANNELS_PER_THREAD)
     if workers <= 1 or kernel.device.type != "cpu":
         return fit_modal_kernels(kernel, orders, method, **options)
-    parts = kernel.tensor_split(workers)  # contiguous channel ranges, sizes within one
+    by_support = kernel_support(kernel.detach()).argsort(stable=True)  # (H,)
+    dealt = [by_support[i::workers] for i in range(workers)]  # channel indices per thread, sizes within one
+    parts = [kernel[index] for index in dealt]
     # the fits scope the matmul precision themselves; scoped here too, each thread's restore finds this value
     # (restores from threads that overlap would otherwise leave the process at another thread's setting)
     with float32_matmul_precision("highest"):
@@ -58,4 +62,5 @@ def fit_modal_kernels_threaded(
                 fits = list(pool.map(lambda part: fit_modal_kernels(part, orders, method, **options), parts))
         finally:
             torch.set_num_threads(threads)
-    return [concat_modal_kernels([fit[i] for fit in fits]) for i in range(len(orders))]
+    channel_order = torch.cat(dealt).argsort()  # (H,): where each of the kernel's channels went
+    return [concat_modal_kernels([fit[i] for fit in fits]).channels(channel_order) for i in range(len(orders))]
