@@ -61,7 +61,7 @@ from .mixer import TokenMixer
 from .serpent_maps import BranchOutput, DenseWindowMap, DepthwiseWindowMap, StepProjection
 from .serpent_maps import linear_init_std as linear_init_std_of
 from .serpent_options import SerpentOptions
-from .serpent_step import stacked_weights, step_branches
+from .serpent_step import project_outputs, stacked_weights, step_branches
 
 __all__ = ["ResamplingBranch", "SerpentMixer", "SerpentOptions"]
 _STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
@@ -328,8 +328,9 @@ class ResamplingBranch(TokenMixer):
         crosses t̄_j, compress the window and step the branch Mamba (on those rows only); emit the held ȳ_j (0
         before the first grid point). The step of a mixer's branches at once (:func:`step_branches`), R = 1."""
         stacked = {name: value.unsqueeze(1) for name, value in state.items()}  # (B, 1, ...)
-        y_t, new_state = step_branches(stacked_weights(self, [self]), x_t, stacked, mask_t)
-        return self.project_output(y_t[:, 0]), {name: value[:, 0] for name, value in new_state.items()}
+        weights = stacked_weights(self, [self])
+        y_t, new_state = step_branches(weights, x_t, stacked, mask_t)
+        return project_outputs(weights, y_t)[0], {name: value[:, 0] for name, value in new_state.items()}
 
     def extra_repr(self) -> str:
         return f"resampling_rate={self.resampling_rate}, window={self.window}, mode={self.mode!r}"
@@ -456,8 +457,7 @@ class SerpentMixer(TokenMixer):
         weights = stacked_weights(self, self.resampled)  # under torch.compile: stacked anew in the graph each step
         y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
         new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
-        outputs = [branch.project_output(y_branches[:, i]) for i, branch in enumerate(self.resampled)]  # (B, ·) each
-        return self._combine([y_t, *outputs]), new_state  # (B, H)
+        return self._combine([y_t, *project_outputs(weights, y_branches)]), new_state  # (B, H)
 
     def extra_repr(self) -> str:
         return (

@@ -101,12 +101,13 @@ class DenseWindowMap(_LinearLike):
         super().__init__(branch_size, window * (input_size + num_features), init_std)
         self.window, self.input_size, self.branch_size = window, input_size, branch_size
 
-    def forward(self, inputs: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, features: torch.Tensor, linear=F.linear) -> torch.Tensor:
+        """``linear``: how ``x Wᵀ + b`` is computed (a decode step: :func:`~ssmhub.layers.stacking.row_linear`)."""
         weight = self.weight.view(self.branch_size, self.window, -1)  # (H_b, K, W + G)
         x_weight = weight[..., : self.input_size].reshape(self.branch_size, -1)  # (H_b, K·W)
         f_weight = weight[..., self.input_size :].reshape(self.branch_size, -1)  # (H_b, K·G)
-        y = F.linear(inputs.flatten(-2), x_weight.to(inputs.dtype), self.bias.to(inputs.dtype))
-        return y + F.linear(features.to(inputs.dtype).flatten(-2), f_weight.to(inputs.dtype))  # (..., H_b)
+        y = linear(inputs.flatten(-2), x_weight.to(inputs.dtype), self.bias.to(inputs.dtype))
+        return y + linear(features.to(inputs.dtype).flatten(-2), f_weight.to(inputs.dtype))  # (..., H_b)
 
 
 class DepthwiseWindowMap(nn.Module):
@@ -132,10 +133,11 @@ class DepthwiseWindowMap(nn.Module):
             "bias": torch.zeros(self.bias.shape),
         }
 
-    def forward(self, inputs: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, features: torch.Tensor, linear=F.linear) -> torch.Tensor:
+        """``linear``: how ``x Wᵀ + b`` is computed (a decode step: :func:`~ssmhub.layers.stacking.row_linear`)."""
         y = (inputs * self.slot_weight.to(inputs.dtype)).sum(-2)  # (..., K, H_b) -> (..., H_b)
         features = features.to(inputs.dtype).flatten(-2)  # (..., K·G)
-        return y + F.linear(features, self.feature_weight.to(inputs.dtype), self.bias.to(inputs.dtype))
+        return y + linear(features, self.feature_weight.to(inputs.dtype), self.bias.to(inputs.dtype))
 
 
 class BranchOutput(nn.Linear):

@@ -5,9 +5,13 @@ clock and window (:func:`~ssmhub.ops.resampling.resampling_step`), Eq. 12's comp
 branch's Mamba. The branches share every shape (window K, G distance features, width H_b, the Mamba options)
 and differ only in their weights and κ, so this module stacks their weights along a leading branch dimension
 (:mod:`ssmhub.layers.stacking`) and runs each piece once for all of them, the Mambas through
-:func:`~ssmhub.layers.mamba.mamba_step`; the window input projections and θ_Γ are called branch by branch (modules,
-so that a quantized projection runs as it does in the parallel pass). Branches that share one Mamba (the additive
-layout) step it once over all their rows, (1, B·R, H_b), on its own weights, unstacked.
+:func:`~ssmhub.layers.mamba.mamba_step`; the window input and output projections and θ_Γ run branch by branch, on
+each branch's own weights (no copy; a quantized projection runs as its module). Branches that share one Mamba (the
+additive layout) step it once over all their rows, as B·R mixers of one row each on its weights, unstacked.
+
+Every matmul of the step is a batched one with a single row per matrix (:func:`~ssmhub.layers.stacking.row_linear`,
+:func:`~ssmhub.layers.stacking.linear_maps`): under ``torch.compile`` on a CPU, Inductor fuses those into its
+generated loops, where a 2-d ``mm`` or a matrix of several rows stays an external call with buffers of its own.
 :meth:`ResamplingBranch._step <ssmhub.layers.serpent.ResamplingBranch._step>` is this step with R = 1, so there is
 one implementation of the streaming branch.
 
@@ -30,9 +34,9 @@ from ..ops.resampling import (
     resampling_step,
 )
 from .mamba import MambaStepWeights, mamba_step, stack_step_weights
-from .stacking import kept_stack, stack
+from .stacking import kept_stack, linear_maps, row_linear, stack
 
-__all__ = ["STREAM_FIELDS", "StackedBranches", "stack_branches", "stacked_weights", "step_branches"]
+__all__ = ["STREAM_FIELDS", "StackedBranches", "project_outputs", "stack_branches", "stacked_weights", "step_branches"]
 
 STREAM_FIELDS = ResamplingState._fields  # clock, grid_count, inputs, times, count
 
@@ -43,7 +47,9 @@ class StackedBranches(NamedTuple):
     Eq. 13: step_weight (R, H) and step_bias (R,) float64 (θ_Δ), grid_step (R,) Δ and its lattice,
     one_minus_kappa and kappa (R,) float32. Eq. 12: centers (1, R, 1, G) μ. mamba: the branch Mambas' step weights,
     stacked (R, ...), or the one Mamba they share (1, ...) where ``shared_mamba``.
-    branches: the :class:`~ssmhub.layers.serpent.ResamplingBranch` modules themselves (their window inputs and θ_Γ).
+    window_maps, output_maps: each branch's ``window_proj`` and ``output_proj`` as a map (1, B, in) -> (1, B, out)
+    (:func:`~ssmhub.layers.stacking.linear_maps`), or None in the concatenated layout, which has neither.
+    branches: the :class:`~ssmhub.layers.serpent.ResamplingBranch` modules themselves (their θ_Γ).
     """
 
     step_weight: torch.Tensor
@@ -55,6 +61,8 @@ class StackedBranches(NamedTuple):
     centers: torch.Tensor
     mamba: MambaStepWeights
     shared_mamba: bool
+    window_maps: tuple | None
+    output_maps: tuple | None
     branches: tuple
 
 
@@ -73,6 +81,8 @@ def stack_branches(branches) -> StackedBranches:
         centers=stack([b.ssm.distance_centers for b in branches], middle=True)[None],
         mamba=stack_step_weights([branches[0].mamba] if shared else [b.mamba for b in branches]),
         shared_mamba=shared,
+        window_maps=tuple(linear_maps([b.window_proj]) for b in branches) if branches[0].additive else None,
+        output_maps=tuple(linear_maps([b.output_proj]) for b in branches) if branches[0].additive else None,
         branches=tuple(branches),
     )
 
@@ -96,16 +106,24 @@ def _steps(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
 def _window_inputs(w: StackedBranches, x_t: torch.Tensor) -> torch.Tensor:
     """x_t (B, H) -> each branch's window input (B, R, W) float32 (:meth:`ResamplingBranch.window_inputs
     <ssmhub.layers.serpent.ResamplingBranch.window_inputs>`: x_t itself in the concatenated layout)."""
-    if not w.branches[0].additive:
+    if w.window_maps is None:
         return x_t.float()[:, None].expand(x_t.shape[0], len(w.branches), x_t.shape[-1])  # every branch reads x_t
-    return torch.stack([branch.window_inputs(x_t) for branch in w.branches], dim=1).float()  # (B, R, H_b)
+    return torch.cat([project(x_t[None]) for project in w.window_maps]).transpose(0, 1).float()  # (B, R, H_b)
+
+
+def project_outputs(w: StackedBranches, y: torch.Tensor) -> list[torch.Tensor]:
+    """Each branch's ``project_output`` of its held output, y (B, R, H_b) -> R tensors (B, H) (additive), or each
+    branch's slice (B, H_b) itself (concatenated)."""
+    if w.output_maps is None:
+        return list(y.unbind(1))
+    return [project(y[None, :, i])[0] for i, project in enumerate(w.output_maps)]  # (B, H) each
 
 
 def _compress(w: StackedBranches, inputs, distance, valid, dtype) -> torch.Tensor:
     """Eq. 12: window inputs (B, R, K, W), distances and validity (B, R, K) -> x̄ (B, R, H_b)."""
     features = gaussian_distance_features(distance, w.centers, valid)  # (B, R, K, G)
     inputs = inputs.to(dtype)
-    compressed = [branch.compress(inputs[:, i], features[:, i]) for i, branch in enumerate(w.branches)]
+    compressed = [branch.compress(inputs[:, i], features[:, i], row_linear) for i, branch in enumerate(w.branches)]
     return torch.stack(compressed, dim=1)
 
 
@@ -146,11 +164,11 @@ def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.
 
 def _branch_mambas(w: StackedBranches, x_bar, conv_state, ssm_state):
     """A step of every branch's Mamba: x̄ (B, R, H_b) and its states (B, R, ...) -> y (B, R, H_b) and the stepped
-    states (B, R, ...). One shared Mamba steps the B·R rows as one batch (views, no copy); branches of their own
-    step as R stacked Mambas on branch-first views (R, B, ...)."""
+    states (B, R, ...). One shared Mamba steps the B·R rows as B·R one-row mixers (views, no copy); branches of
+    their own step as R stacked Mambas on branch-first views (R, B, ...)."""
     batch, branches = x_bar.shape[:2]
-    if w.shared_mamba:  # (B, R, ...) -> (1, B·R, ...): one mixer, B·R rows
-        rows = [t.reshape(1, batch * branches, *t.shape[2:]) for t in (x_bar, conv_state, ssm_state)]
+    if w.shared_mamba:  # (B, R, ...) -> (B·R, 1, ...): B·R mixers of one row, the one Mamba's weights broadcast
+        rows = [t.reshape(batch * branches, 1, *t.shape[2:]) for t in (x_bar, conv_state, ssm_state)]
         return [t.view(batch, branches, *t.shape[2:]) for t in mamba_step(w.mamba, *rows)]
     stepped = mamba_step(w.mamba, *(t.transpose(0, 1) for t in (x_bar, conv_state, ssm_state)))  # (R, B, ...)
     return [t.transpose(0, 1) for t in stepped]

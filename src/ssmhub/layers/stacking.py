@@ -17,7 +17,7 @@ from torch import nn
 
 from .memo import can_keep, kept
 
-__all__ = ["batched_linear", "kept_stack", "linear_maps", "stack"]
+__all__ = ["batched_linear", "kept_stack", "linear_maps", "row_linear", "stack"]
 
 Stacked = TypeVar("Stacked")
 
@@ -57,13 +57,30 @@ def kept_stack(owner: nn.Module, modules: Sequence[nn.Module], build: Callable[[
 
 def batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Each module's ``x W + b`` at once: x (R, B, in), weight (R, in, out) and bias (R, 1, out) or None, as
-    :func:`stack` lays them out -> (R, B, out)."""
-    weight = weight.to(x.dtype)
-    return torch.bmm(x, weight) if bias is None else torch.baddbmm(bias.to(x.dtype), x, weight)
+    :func:`stack` lays them out -> (R, B, out). A stack of one module (R = 1) serves any number of leading rows
+    N, x (N, B, in): its weight is broadcast (a view), not copied.
+
+    A batched matmul rather than ``F.linear``: with one row per matrix (B = 1, a decode step) Inductor lowers it on
+    a CPU to a multiply-and-sum that it fuses with the ops around it, where a 2-d ``mm`` stays an external call with
+    its own buffers (:func:`row_linear`)."""
+    weight = weight.to(x.dtype).expand(x.shape[0], *weight.shape[1:])
+    if bias is None:
+        return torch.bmm(x, weight)
+    return torch.baddbmm(bias.to(x.dtype).expand(x.shape[0], *bias.shape[1:]), x, weight)
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x (..., in), weight (out, in), as one batched matmul of every row of x,
+    (1, rows, in): in eager the same product, under ``torch.compile`` on a CPU a single row (a decode step's) is
+    fused with its neighbours instead of running as an external ``mm`` (:func:`batched_linear`)."""
+    rows = x.reshape(1, -1, x.shape[-1])  # (1, rows, in)
+    y = batched_linear(rows, weight.t().unsqueeze(0), None if bias is None else bias.view(1, 1, -1))
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_maps(linears: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Each of R linear modules on its own slice at once, x (R, B, in) -> (R, B, out). Plain float ``nn.Linear`` s
+    """Each of R linear modules on its own slice at once, x (R, B, in) -> (R, B, out) (one module: any number of
+    leading rows, x (N, B, in) -> (N, B, out)). Plain float ``nn.Linear`` s
     are stacked (:func:`stack`) into one batched matmul; any other linear module (a quantized one: torchao's int8
     weight tensor, ``quantize_dynamic``'s packed weights, whose ``weight`` is a method) runs as itself, so that a
     decode step never reads a weight it cannot use."""
@@ -74,4 +91,6 @@ def linear_maps(linears: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.
 
 
 def _each_module(linears: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    if len(linears) == 1:  # one module: every leading row, x (N, B, in) -> (N, B, out)
+        return linears[0](x)
     return torch.stack([linear(x_r) for linear, x_r in zip(linears, x)])  # (R, B, out)
