@@ -13,7 +13,8 @@ one after the other, for each seed of ``--seeds``:
 and, with ``--finetune-steps N``, the fine-tune study: the ``mamba`` of ``--finetune-seed`` trained above, then N more
 steps either as it is (``mamba+ft``) or with branches added by ``SerpentForCausalLM.from_mamba``
 (``mamba+branches+ft``), the same schedule and data for both. Every model is scored by ``ssmhub-eval``'s code
-(validation and test perplexity, top-1 and top-5 accuracy, as Table 2). Training time per token is
+(validation and test perplexity, top-1 and top-5 accuracy, as Table 2); each trained SeRpEnt is scored again
+with its branches' output projections zeroed (the base alone, :func:`branch_ablation`). Training time per token is
 ``time.process_time()`` of the median step (one torch thread), so other jobs on a shared machine change it little.
 
 Data: the WikiText-103 train slice of the data folder (about 0.7M BPE tokens; ``--tokens`` beyond it are further
@@ -31,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,10 +134,10 @@ def train_config(args, output_dir: Path, data_dir: Path, tokenizer: Path, seed: 
     return wikitext103_config(args, output_dir, data_dir, tokenizer, steps, **options)
 
 
-def score(args, folder: Path, data_dir: Path) -> dict:
+def score(args, folder: Path, data_dir: Path, splits=("validation", "test")) -> dict:
     """Validation and test scores of the model in ``folder`` (ssmhub-eval's code, one stream per split)."""
     scores = {}
-    for split in ("validation", "test"):
+    for split in splits:
         result = score_stream(str(folder), "wikitext-103", split, 512, 512, 4, str(data_dir), args.max_documents)
         scores[split] = {
             "loss": result["nll_per_token"],
@@ -193,6 +196,31 @@ def finetune(args, data_dir, tokenizer) -> list[dict]:
         )
         records.append(run(args, name, args.finetune_seed, folder, config, data_dir, extra))
     return records
+
+
+def branch_ablation(args, records: list[dict], data_dir: Path) -> str:
+    """Each trained SeRpEnt scored on validation with and without its branches (every ``output_proj`` zeroed after
+    training: what the resampling branches add to their base): a table."""
+    from ssmhub import SerpentForCausalLM
+
+    rows = []
+    for r in records:
+        if r["name"] not in FROM_SCRATCH[1:]:
+            continue
+        folder = Path(args.work_dir) / f"{r['name']}-seed{r['seed']}"
+        with tempfile.TemporaryDirectory(prefix="serpent_ablation.") as base_only:
+            shutil.copytree(folder, base_only, dirs_exist_ok=True, ignore=shutil.ignore_patterns("checkpoints"))
+            model = SerpentForCausalLM.from_pretrained(str(folder))
+            for name, parameter in model.named_parameters():
+                if name.endswith("output_proj.weight"):
+                    parameter.data.zero_()
+            model.save_pretrained(base_only)
+            alone = score(args, Path(base_only), data_dir, splits=("validation",))["validation"]
+        full = r["scores"]["validation"]
+        rows.append([f"`{r['name']}`", r["seed"], f"{full['loss']:.4f}", f"{alone['loss']:.4f}"])
+        rows[-1] += [f"{full['loss'] - alone['loss']:+.4f}", f"{100 * full['top1']:.2f}", f"{100 * alone['top1']:.2f}"]
+    headers = ["model", "seed", "validation loss", "branches zeroed", "change by the branches", "top-1 %"]
+    return markdown_table([*headers, "top-1 %, branches zeroed"], rows)
 
 
 def probe(args, configs, data_dir, tokenizer) -> None:
@@ -317,6 +345,7 @@ def main(argv=None) -> int:
     sections = [
         "## Results\n\n" + results_table(records),
         "## Where the parameters are\n\n" + parameter_table(records),
+        "## What the branches add (zeroed after training)\n\n" + branch_ablation(args, records, data_dir),
         "## Reading\n\n" + verdict(records),
         "## Notes\n\n" + notes(args, configs, time.perf_counter() - start),
     ]

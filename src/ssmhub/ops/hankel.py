@@ -97,8 +97,8 @@ def kernel_support(tail: torch.Tensor) -> torch.Tensor:
 def uses_krylov(rank: int, taps: int) -> bool:
     """Whether ``eigensolver="truncated"`` takes the Krylov route on ``taps`` taps: when its basis
     (:func:`krylov_dimension`) is at most half of them. Below that, the dense ``eigh``: exact, and within a few
-    times the Krylov route's cost (at rank 128, one channel: 13 ms at T 320 against 22, 57 at T 512 against 22,
-    and 74 at T 640 against 26; at T 1024, 310 ms against 42).
+    times the Krylov route's cost (one channel's eigenvectors at rank 128, one core: 13 ms at T 320 against 22, 57
+    at T 512 against 22, 74 at T 640 against 26; a whole balanced fit at T 1024: 312 ms against 42).
     """
     return 2 * krylov_dimension(rank, taps) <= taps
 
