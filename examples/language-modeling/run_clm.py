@@ -30,6 +30,7 @@ from transformers import (
 from ssmhub.data.causal_lm import CausalLMDataArguments, load_documents, prepare_causal_lm_data
 from ssmhub.metrics.trainer_hooks import CausalLMMetrics, preprocess_causal_lm_logits
 from ssmhub.script_arguments import ModelArguments, build_model, load_script_tokenizer
+from ssmhub.training.process_group import end_process_group
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -65,3 +66,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    end_process_group()  # before exit: a launched process must not leave it to interpreter shutdown

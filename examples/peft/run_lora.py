@@ -30,6 +30,7 @@ from transformers import (
 
 from ssmhub.data.causal_lm import CausalLMDataArguments, load_documents, prepare_causal_lm_data
 from ssmhub.script_arguments import ModelArguments, build_model, load_script_tokenizer
+from ssmhub.training.process_group import end_process_group
 
 # Leaf names of the Linear layers LoRA adapts by default, per model_type: the input and output projections of
 # each mixer and its MLP. BDLRNN's transition network and input map are its projections.
@@ -110,3 +111,4 @@ def main(argv: list[str] | None = None):
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    end_process_group()  # before exit: a launched process must not leave it to interpreter shutdown

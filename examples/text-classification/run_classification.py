@@ -46,6 +46,7 @@ from ssmhub.data.listops import NUM_CLASSES, ListOpsSpec
 from ssmhub.data.listops_hf import listops_dataset_dict, listops_tokenizer
 from ssmhub.metrics.trainer_hooks import ClassificationMetrics
 from ssmhub.script_arguments import BudgetArguments, ModelArguments, build_model, load_script_tokenizer
+from ssmhub.training.process_group import end_process_group
 from ssmhub.training.recurrent_trainer import RecurrentTrainer
 from ssmhub.training.time_budget import TimeBudgetCallback
 
@@ -194,3 +195,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    end_process_group()  # before exit: a launched process must not leave it to interpreter shutdown
