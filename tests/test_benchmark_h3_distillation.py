@@ -63,8 +63,10 @@ def test_speed_benchmark_rows_compare_the_two_eigensolvers_on_the_same_channels(
     from h3_distillation_speed import measure_size
     from h3_distillation_speed import parse_args as speed_args
 
-    args = speed_args(["--sizes", "16x1", "--modes", "4", "--max-kernel-length", "320", "--sample", "4"])
+    argv = ["--sizes", "16x1", "--modes", "4", "--max-kernel-length", "320", "--sample", "4", "--long-sample", "2"]
+    args = speed_args(argv)
     args.dense_sample, args.repeats = 2, 1
     timing, errors = measure_size("16x1", args)
     assert timing[:3] == ["16x1", "16", 320]  # one H3 layer of 16 heads, every one fitted
-    assert timing[8] == "not run" and errors[1] == 2
+    assert timing[8] == "not run" and errors[0][:2] == ["16x1", 2]
+    assert errors[1][0].startswith("16x1, long support (") and errors[1][1] == 2  # supports of ≥ 80 taps (N 4)

@@ -10,7 +10,8 @@ Musco 2015, arXiv 1504.05477, Algorithm 2, in its symmetric form; the range find
 2011, arXiv 0909.4061, §4, with every power kept), batched over channels: large FFTs and batched matmuls,
 ``O(T·m²)`` per channel for a basis of m columns, instead of one eigendecomposition per channel. The basis is
 built by block Lanczos with full reorthogonalisation (:func:`_lanczos_basis`), whose Gram-Schmidt coefficients
-are the Rayleigh-Ritz matrix; the default basis is ``2.5·r`` columns in blocks of ``r/8`` (a Krylov degree of 20).
+are the Rayleigh-Ritz matrix; the default basis is ``2.5·r`` columns in blocks of ``r/8`` (a Krylov degree of 20),
+and on operators of at least ``10·r`` taps ``2.5·r + 96`` columns in blocks of ``r/16`` (a degree of 52 at r 128).
 A kernel that is zero from tap S on (a regularized kernel's soft threshold zeroes its small taps) has ``𝓗`` zero
 outside its leading S×S block, so the eigenvectors come from that block, padded with zeros
 (:func:`balanced_basis`): the Krylov route on S taps, or the dense ``eigh`` where a basis would be over half of S.
@@ -21,10 +22,12 @@ those of a float64 basis to 0.01% per channel and its ``balanced`` ones the same
 
 Accuracy: a Krylov space converges fast to the eigenvectors of well separated leading eigenvalues; kernels whose
 Hankel singular values fall off (trained, smoothed kernels, and decaying noise kernels up to decays of ~400 taps
-at T 2047, N 64) are fitted as with the dense route (within 1%: tests/ops/test_hankel.py); at decays of 1000-3000
-taps some channels' fits are 1-3% worse (as much with a float64 basis as with float32). Kernels whose values
-barely fall (a random init: σ_128 ≈ 0.65·σ_1) have no well defined leading subspace at all; there about one
-channel in ten of a random-init H3 gets a ``best`` fit 1-3% worse than the dense route's (docs/families/h3.md).
+at T 2047, N 64) are fitted as with the dense route (within 1%: tests/ops/test_hankel.py). Kernels whose values
+barely fall (decays of 1000-3000 taps at T 2047; a random init: σ_128 ≈ 0.65·σ_1) have a poorly separated leading
+subspace, which a space of degree 20 does not reach: it left about half of a random-init H3's long-support
+channels 1-3.3% worse than the dense route at N 64 (as much with a float64 basis as with float32); the larger
+basis of higher degree on long operators (:func:`krylov_dimension`) brings them within 1% (measured in
+benchmarks/results/h3_distillation_speed.md).
 :func:`dense_hankel_eigvecs` is the oracle (``eigensolver="dense"`` in :func:`ssmhub.ops.modal.fit_modal_kernels`).
 """
 
@@ -37,6 +40,7 @@ from .precision import float32_matmul_precision
 __all__ = [
     "EIGENSOLVERS",
     "KRYLOV_DTYPE",
+    "LONG_TAPS_PER_RANK",
     "balanced_basis",
     "dense_hankel_eigvecs",
     "hankel_apply",
@@ -52,6 +56,7 @@ __all__ = [
 EIGENSOLVERS = ("truncated", "dense")
 
 MAX_BLOCK = 16  # most columns added to the Krylov basis per product with 𝓗 (see krylov_block_size)
+LONG_TAPS_PER_RANK = 10  # from T = 10·rank on, a larger Krylov basis of higher degree (see krylov_dimension)
 _SEED = 0  # the random test matrix is seeded: the same kernels always give the same basis
 KRYLOV_DTYPE = torch.float32  # the default precision of the Krylov basis and its products (leading_hankel_eigvecs)
 # by the basis's dtype: a QR row below this fraction of the size of the block entering its last projection is
@@ -187,23 +192,37 @@ def _orthonormal_rows(
     return q
 
 
+def _long(rank: int, taps: int) -> bool:
+    """Whether an operator of ``taps`` taps is long for ``rank`` eigenpairs (at least :data:`LONG_TAPS_PER_RANK`·rank
+    taps): there a kernel whose Hankel singular values barely fall needs a Krylov space of higher degree."""
+    return taps >= LONG_TAPS_PER_RANK * rank
+
+
 def krylov_dimension(rank: int, taps: int) -> int:
-    """Default size of the Krylov basis for ``rank`` eigenpairs: ``2.5·rank``, at least ``rank + 64``, at most T.
+    """Default size of the Krylov basis for ``rank`` eigenpairs, at most T: ``2.5·rank`` (at least ``rank + 64``),
+    and on long operators (:func:`_long`) ``2.5·rank + 96``.
 
     At N = 64 (rank 128, T 2047) a basis of 320 columns in blocks of 16 kept the ``best`` fits of decaying noise
-    kernels within 1% of the dense route's, where 256 columns (or blocks of 32) did not (up to +7.5%).
+    kernels within 1% of the dense route's, where 256 columns (or blocks of 32) did not (up to +7.5%). On kernels
+    whose values barely fall (a random-init H3's, support ≥ 1280 taps) it left 16 of 32 channels 1-3.3% worse;
+    416 columns in blocks of 8 (a degree of 52) kept all 32 within +0.63% (N = 32: 256 columns in blocks of 4,
+    +0.61%, where 160 in blocks of 8 left 18 of 32 up to +3.3%). Below 10·rank taps (T 640-1279 at N = 64) the
+    smaller basis already matched the dense fits (within +0.01%, 32 random-init channels).
     """
-    return min(taps, max(5 * rank // 2, rank + 64))
+    size = 5 * rank // 2 + 96 if _long(rank, taps) else max(5 * rank // 2, rank + 64)
+    return min(taps, size)
 
 
-def krylov_block_size(rank: int) -> int:
-    """Default columns per Krylov block for ``rank`` eigenpairs: ``rank/8`` within [4, MAX_BLOCK].
+def krylov_block_size(rank: int, taps: int) -> int:
+    """Default columns per Krylov block for ``rank`` eigenpairs: ``rank/8`` within [4, MAX_BLOCK], ``rank/16``
+    (at least 4) on long operators (:func:`_long`).
 
-    With :func:`krylov_dimension` that is a Krylov degree (products with 𝓗) of about 20 whatever the rank: on
-    decaying noise kernels the fits at N = 32 (rank 64, 160 columns) needed blocks of 8, at N = 64 blocks of 16
-    (blocks of 16 at N = 32 and of 32 at N = 64 left fits up to 5% worse than the dense route's).
+    With :func:`krylov_dimension` that is a Krylov degree (products with 𝓗) of about 20 whatever the rank, 52-64 on
+    long operators: on decaying noise kernels the fits at N = 32 (rank 64, 160 columns) needed blocks of 8, at
+    N = 64 blocks of 16 (blocks of 16 at N = 32 and of 32 at N = 64 left fits up to 5% worse than the dense
+    route's); random-init kernels of long support need the higher degree (:func:`krylov_dimension`).
     """
-    return max(4, min(MAX_BLOCK, rank // 8))
+    return max(4, min(MAX_BLOCK, rank // (16 if _long(rank, taps) else 8)))
 
 
 def leading_hankel_eigvecs(
@@ -231,7 +250,7 @@ def leading_hankel_eigvecs(
     channels, taps = tail.shape
     _check_solver_arguments(rank, dimension, block_size, taps)
     dimension = krylov_dimension(rank, taps) if dimension is None else dimension
-    block_size = min(dimension, krylov_block_size(rank) if block_size is None else block_size)
+    block_size = min(dimension, krylov_block_size(rank, taps) if block_size is None else block_size)
     with float32_matmul_precision("highest"):  # a float32 basis needs float32 products, not TF32 or bfloat16 passes
         rows, projected = _lanczos_basis(tail, dimension, block_size, krylov_dtype)  # (H, m, T), (H, m, m)
         evals, evecs = torch.linalg.eigh(projected.to(tail.dtype))

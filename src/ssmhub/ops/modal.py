@@ -51,12 +51,12 @@ arXiv 2310.18780, §3.2, distils long-conv filters by model-order reduction with
   the same least-squares residues. Allows ``N ≤ T/2`` (2N real states, the size of the exact window). The
   eigenvectors come from :mod:`ssmhub.ops.hankel`: by default (``eigensolver="truncated"``) only the ``2N``
   leading ones, from a block Krylov space of the operator applied by FFT, batched over channels (``O(T·m²)``
-  with a basis of ``m = max(5N, 2N + 64)`` columns instead of ``O(T³)``; where ``m > T/4`` the dense route, which
-  is then as cheap); ``eigensolver="dense"`` is one ``eigh`` of the whole operator per channel, the reference.
-  The two agree on kernels whose Hankel singular values fall off (trained, smoothed, decaying noise kernels: tests
-  hold the truncated fit's error within 1% of the dense one); on kernels whose values barely fall (a random init)
-  the leading subspace is ill defined and a few channels' balanced candidates are worse (measured in
-  benchmarks/results/h3_distillation_speed.md).
+  with a basis of ``m = max(5N, 2N + 64)`` columns, ``5N + 96`` from ``T ≥ 20N``, instead of ``O(T³)``; where
+  ``m > T/2`` on a kernel's support the dense route, which is then about as cheap, see
+  :func:`~ssmhub.ops.hankel.uses_krylov`); ``eigensolver="dense"`` is one ``eigh`` of the whole operator per
+  channel, the reference. The two agree within 1% on kernels whose Hankel singular values fall off (trained,
+  smoothed, decaying noise kernels: tests/ops/test_hankel.py) and on the random-init kernels measured in
+  benchmarks/results/h3_distillation_speed.md, whose values barely fall.
 - ``"best"``: per channel the smallest error among the hankel, balanced and frequency-sampling candidates
   (:func:`_circle_poles`: poles spread on a circle, which fit delays, whose own realisation is nilpotent and
   has no modal form), each with least-squares residues, so never worse than the reference, channel by channel.
