@@ -217,10 +217,10 @@ def krylov_block_size(rank: int, taps: int) -> int:
     """Default columns per Krylov block for ``rank`` eigenpairs: ``rank/8`` within [4, MAX_BLOCK], ``rank/16``
     (at least 4) on long operators (:func:`_long`).
 
-    With :func:`krylov_dimension` that is a Krylov degree (products with 𝓗) of about 20 whatever the rank, 52-64 on
-    long operators: on decaying noise kernels the fits at N = 32 (rank 64, 160 columns) needed blocks of 8, at
-    N = 64 blocks of 16 (blocks of 16 at N = 32 and of 32 at N = 64 left fits up to 5% worse than the dense
-    route's); random-init kernels of long support need the higher degree (:func:`krylov_dimension`).
+    With :func:`krylov_dimension` that is a Krylov degree (products with 𝓗) of about 20 whatever the rank, and on
+    long operators 52 at N = 64, 64 at N = 32: on decaying noise kernels the fits at N = 32 (rank 64, 160 columns)
+    needed blocks of 8, at N = 64 blocks of 16 (blocks of 16 at N = 32 and of 32 at N = 64 left fits up to 5% worse
+    than the dense route's); random-init kernels of long support need the higher degree (:func:`krylov_dimension`).
     """
     return max(4, min(MAX_BLOCK, rank // (16 if _long(rank, taps) else 8)))
 
