@@ -37,17 +37,22 @@ BRANCHES = {"resampling_rates": [0.5, 0.1], "resampling_window": 10}
 MODES = ("eager", "compiled")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def add_decode_arguments(p: argparse.ArgumentParser, steps: int, rounds: int) -> None:
+    """The models' and the protocol's flags, shared with ``serpent_decode_profile.py``."""
     p.add_argument("--width", type=int, default=256, help="SeRpEnt's (and the same-width Mamba's) hidden size")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--context", type=int, default=128, help="prompt tokens before the timed steps")
-    p.add_argument("--steps", type=int, default=32, help="greedy steps per timed block")
-    p.add_argument("--rounds", type=int, default=5, help="timed blocks per model and mode, interleaved")
+    p.add_argument("--steps", type=int, default=steps, help="greedy steps per timed block")
+    p.add_argument("--rounds", type=int, default=rounds, help="timed blocks per model (and mode), interleaved")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--name", default="serpent_decode", help="results/<name>.md")
     p.add_argument("--no-write", action="store_true")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    add_decode_arguments(p, steps=32, rounds=5)
+    p.add_argument("--name", default="serpent_decode", help="results/<name>.md")
     return p.parse_args(argv)
 
 
