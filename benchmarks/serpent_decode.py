@@ -92,7 +92,9 @@ def greedy(forward, cache, token: torch.Tensor, steps: int) -> torch.Tensor:
 class Lane:
     """One model in one mode: its forward, its cache after the prompt (prefilled once) and the next token."""
 
-    def __init__(self, model, mode: str, args):
+    def __init__(self, model, mode: str, args, backend="inductor"):
+        """``backend``: torch.compile's, for the compiled lane (``serpent_decode_profile.py`` passes one that counts
+        the graph's inputs)."""
         from ssmhub.models.cache_argument import CACHE_FIELD
 
         ids = prompt(model, args.context)
@@ -102,7 +104,8 @@ class Lane:
             out = model(ids, use_cache=True, logits_to_keep=1, **({CACHE_FIELD: cache} if cache else {}))
         self.cache = cache if cache is not None else getattr(out, CACHE_FIELD)
         self.token = out.logits[:, -1:].argmax(-1)
-        self.forward = torch.compile(model.forward, fullgraph=True) if mode == "compiled" else model.forward
+        compiled = mode == "compiled"
+        self.forward = torch.compile(model.forward, fullgraph=True, backend=backend) if compiled else model.forward
         start = time.perf_counter()
         self.block(args.steps)  # warm-up: compiles the compiled lane
         self.warmup_s = time.perf_counter() - start

@@ -24,14 +24,13 @@ import argparse
 import multiprocessing
 import os
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import markdown_table, median, report
-from serpent_decode import BRANCHES, add_decode_arguments, build, greedy, prompt
+from serpent_decode import BRANCHES, Lane, add_decode_arguments, build
 
 RATES = {
     "mamba": [],
@@ -71,13 +70,11 @@ def step_parts(events, steps: int, wall_s: float) -> dict[str, float]:
     }
 
 
-class ProfiledLane:
-    """One model compiled for decoding with a backend that counts its graph's inputs; its cache after the prompt."""
+class ProfiledLane(Lane):
+    """A compiled lane of ``serpent_decode.py`` whose backend counts the graph's inputs, profiled block by block."""
 
     def __init__(self, config: dict, args):
         from torch._inductor.compile_fx import compile_fx
-
-        from ssmhub.models.cache_argument import CACHE_FIELD
 
         self.inputs: list[int] = []  # per compiled graph: the cache's seen-token count recompiles it once
 
@@ -85,23 +82,13 @@ class ProfiledLane:
             self.inputs.append(len(example_inputs))
             return compile_fx(graph, example_inputs)
 
-        model = build(config)
-        ids = prompt(model, args.context)
-        self.cache = model.static_cache(1, args.context + (args.rounds + 1) * args.steps + 8)
-        with torch.no_grad():
-            out = model(ids, use_cache=True, logits_to_keep=1, **{CACHE_FIELD: self.cache})
-        self.token = out.logits[:, -1:].argmax(-1)
-        self.forward = torch.compile(model.forward, fullgraph=True, backend=counting_inductor)
+        super().__init__(build(config), "compiled", args, backend=counting_inductor)  # its warm-up compiles
         self.steps = args.steps
-        with torch.no_grad():
-            self.token = greedy(self.forward, self.cache, self.token, args.steps)  # warm-up: compiles
 
     def profiled_block(self) -> dict[str, float]:
-        with torch.no_grad(), torch.profiler.profile() as profiler:
-            start = time.perf_counter()
-            self.token = greedy(self.forward, self.cache, self.token, self.steps)
-            wall_s = time.perf_counter() - start
-        return step_parts(profiler.key_averages(), self.steps, wall_s)
+        with torch.profiler.profile() as profiler:
+            ms_per_token = self.block(self.steps)
+        return step_parts(profiler.key_averages(), self.steps, ms_per_token * self.steps / 1e3)
 
 
 _LANE: list[ProfiledLane] = []  # a worker process's model
