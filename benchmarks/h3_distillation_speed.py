@@ -89,13 +89,23 @@ def error_row(label: str, fast_err: torch.Tensor, dense_err: torch.Tensor) -> li
     ]  # fmt: skip
 
 
-def long_support_errors(size: str, kernels: torch.Tensor, args) -> list:
-    """The error row of ``--long-sample`` channels spread over those of long support (one fit each way)."""
+def long_support_sample(kernels: torch.Tensor, args) -> tuple[torch.Tensor, int]:
+    """``--long-sample`` channel indices spread over those of long support (over every layer), and how many such
+    channels the model has; SystemExit, before any fit, when fewer than asked."""
     long = (kernel_support(kernels[:, 1:]) >= LONG_TAPS_PER_RANK * 2 * args.modes).nonzero().flatten()
-    chosen = long[torch.linspace(0, len(long) - 1, args.long_sample).round().long()]  # spread over every layer
-    fits = [fit_modal_kernels_threaded(kernels[chosen], [args.modes], args.method, eigensolver=solver)[0]
+    if len(long) < args.long_sample:
+        raise SystemExit(
+            f"--long-sample {args.long_sample}: this model has only {len(long)} channels of long support "
+            f"(≥ {LONG_TAPS_PER_RANK * 2 * args.modes} taps at --modes {args.modes})"
+        )
+    return long[torch.linspace(0, len(long) - 1, args.long_sample).round().long()], len(long)
+
+
+def long_support_errors(label: str, kernels: torch.Tensor, args) -> list:
+    """The error row of the long-support channels ``kernels`` (:func:`long_support_sample`; one fit each way)."""
+    fits = [fit_modal_kernels_threaded(kernels, [args.modes], args.method, eigensolver=solver)[0]
             for solver in ("truncated", "dense")]  # fmt: skip
-    return error_row(f"{size}, long support ({len(long):,} channels)", *(fit.relative_error for fit in fits))
+    return error_row(label, *(fit.relative_error for fit in fits))
 
 
 def measure_size(size: str, args) -> tuple[list, list]:
@@ -104,6 +114,7 @@ def measure_size(size: str, args) -> tuple[list, list]:
     kernels = model_kernels(model)  # (channels, L_max)
     channels = kernels.shape[0]
     sample = kernels[torch.linspace(0, channels - 1, args.sample).round().long()]  # spread over every layer
+    long = long_support_sample(kernels, args) if args.long_sample else None  # (indices, count): before any fit
     load_before = os.getloadavg()[0]
     fast_s, fast_err = timed_fit(sample, args, "truncated")
     dense_s, dense_err = timed_fit(sample[: args.dense_sample], args, "dense")
@@ -116,8 +127,8 @@ def measure_size(size: str, args) -> tuple[list, list]:
         full, f"{load_before:.1f} / {load_after:.1f}",
     ]  # fmt: skip
     errors = [error_row(size, fast_err[: args.dense_sample], dense_err)]
-    if args.long_sample:
-        errors.append(long_support_errors(size, kernels, args))
+    if long is not None:
+        errors.append(long_support_errors(f"{size}, long support ({long[1]:,} channels)", kernels[long[0]], args))
     return timing, errors
 
 
@@ -133,6 +144,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if not 1 <= args.dense_sample <= args.sample:
         raise SystemExit(f"--dense-sample must be in [1, --sample]; got {args.dense_sample}")
+    if args.long_sample < 0:
+        raise SystemExit(f"--long-sample must be 0 (none) or more channels; got {args.long_sample}")
     timings, errors = [], []
     for size in args.sizes:
         timing, rows = measure_size(size, args)

@@ -4,6 +4,7 @@ original kernels' first taps and zero beyond, and saves a model that loads."""
 import os
 import sys
 
+import pytest
 import torch
 
 import ssmhub
@@ -70,3 +71,12 @@ def test_speed_benchmark_rows_compare_the_two_eigensolvers_on_the_same_channels(
     assert timing[:3] == ["16x1", "16", 320]  # one H3 layer of 16 heads, every one fitted
     assert timing[8] == "not run" and errors[0][:2] == ["16x1", 2]
     assert errors[1][0].startswith("16x1, long support (") and errors[1][1] == 2  # supports of ≥ 80 taps (N 4)
+
+
+def test_a_long_sample_larger_than_the_models_long_channels_is_refused_before_any_fit():
+    from h3_distillation_speed import measure_size
+    from h3_distillation_speed import parse_args as speed_args
+
+    argv = ["--sizes", "16x1", "--modes", "4", "--max-kernel-length", "320", "--sample", "4", "--long-sample", "99"]
+    with pytest.raises(SystemExit, match=r"--long-sample 99: this model has only \d+ channels of long support"):
+        measure_size("16x1", speed_args(argv))
