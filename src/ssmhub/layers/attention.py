@@ -9,7 +9,8 @@ There are no position embeddings: as in H3 (arXiv 2212.14052, §3.4; the hybrid'
 use none), order comes from the recurrent layers around it. Padded keys (``mask == 0``) are never
 attended to, so left padding changes nothing for the real tokens; a padded query attends only to
 itself (its output is unused, but stays finite). Attention runs through
-``torch.nn.functional.scaled_dot_product_attention``.
+``torch.nn.functional.scaled_dot_product_attention`` (:func:`ssmhub.ops.attention.scaled_dot_product_attention`:
+its math backend where the fused CPU kernel would crash).
 
 With ``attention_window=W`` (:class:`AttentionOptions`) a token attends to the last W positions, itself
 included, in a whole-sequence forward and in a cached one alike, and the state keeps only the last W − 1
@@ -26,9 +27,9 @@ shapes and is a pure function of its inputs, so it compiles with ``torch.compile
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..ops.attention import scaled_dot_product_attention
 from .attention_options import AttentionOptions
 from .mixer import TokenMixer
 
@@ -133,7 +134,7 @@ class CausalSelfAttention(TokenMixer):
             key_mask = key_mask & (key_doc == query_doc[:, -1:])  # what the row's last document may still see
         if self.attention_window is not None:  # the last W positions, the query's own included
             allowed = allowed & (key_pos > query_pos - self.attention_window)
-        y = F.scaled_dot_product_attention(
+        y = scaled_dot_product_attention(
             q, k, v, attn_mask=allowed[:, None], dropout_p=self.dropout if self.training else 0.0
         )  # (B, heads, L, d_head)
         y = self.out_proj(y.transpose(1, 2).flatten(2))  # (B, L, d)
