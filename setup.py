@@ -59,7 +59,8 @@ setup(
             "ssmhub-eval=ssmhub.evaluation.cli:main",
             "ssmhub-regular=ssmhub.training.regular:main",
             "ssmhub-synthetic=ssmhub.training.synthetic:main",
-        ]
+        ],
+        "vllm.general_plugins": ["ssmhub=ssmhub.serving.vllm_plugin:register"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

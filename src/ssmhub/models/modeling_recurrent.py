@@ -80,8 +80,15 @@ class RecurrentBlock(GradientCheckpointingLayer):
         """(B, L, H) -> (B, L, H) and the mixer's new state (None unless ``return_state``); ``document_starts``
         (B, L) bool or :class:`~ssmhub.layers.packing.PackedRows` marks where a packed row's documents begin (every
         state restarts there)."""
-        mixer_input = self.mixer_norm(hidden_states) if self.prenorm else hidden_states
-        mixed, state = self.mixer(mixer_input, mask, state, return_state, document_starts=document_starts)
+        return self.forward_with(
+            hidden_states, lambda x: self.mixer(x, mask, state, return_state, document_starts=document_starts)
+        )
+
+    def forward_with(self, hidden_states, mix):
+        """The block around ``mix``, a function (B, L, H) -> ((B, L, H), extra) that stands for the mixer's call:
+        the norms, the residuals and the MLP as :meth:`forward` has them; returns (the block's output, extra). A
+        serving engine's adapter (:mod:`ssmhub.serving`) runs it with mixer calls on the engine's state slots."""
+        mixed, extra = mix(self.mixer_norm(hidden_states) if self.prenorm else hidden_states)
         if self.prenorm:
             hidden_states = hidden_states + mixed if self.residual else mixed
             if self.mlp is not None:
@@ -90,7 +97,7 @@ class RecurrentBlock(GradientCheckpointingLayer):
             hidden_states = self.mixer_norm(hidden_states + mixed)
             if self.mlp is not None:
                 hidden_states = self.mlp_norm(hidden_states + self.mlp(hidden_states))
-        return hidden_states, state
+        return hidden_states, extra
 
 
 def _pytorch_default_init(module: nn.Linear | nn.Embedding) -> None:

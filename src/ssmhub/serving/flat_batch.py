@@ -1,0 +1,104 @@
+"""A serving engine's flat batch, mapped onto the mixer protocol: written once for every family.
+
+An engine with continuous batching (vLLM) runs one forward over the tokens of many requests at once, flattened
+into one dimension, with each request's recurrent state in a slot of a preallocated table:
+
+- the batch holds ``num_decodes`` decode rows first (one token each), then prefill segments (a prompt, or a chunk
+  of one), at the token offsets ``query_start_loc`` (R + 1,);
+- ``seq_lens`` (R,) counts each request's tokens so far, this step's included: a segment continues the state its
+  request's earlier chunk stored when ``seq_lens[r]`` exceeds its length, else it starts a new request;
+- ``slots`` (R,) is each request's row in the state tables.
+
+:func:`mix_flat_batch` runs a :class:`~ssmhub.layers.mixer.TokenMixer` on such a batch: the decode rows as one
+batched :meth:`~ssmhub.layers.mixer.TokenMixer.step` from their slots' states, each prefill segment as the mixer's
+own parallel forward from its stored state (or from the start), and writes every request's new state back into its
+slot in place. No family's math is written here: the numbers are those of ``forward`` and ``step``. A one-token
+request that is new (``seq_lens`` 1; an engine counts it among the decodes) starts from the state before a first
+token, not from whatever its slot held before, so a reused slot starts clean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..layers.mixer import MixerState, TokenMixer
+
+__all__ = ["FlatBatch", "mix_flat_batch"]
+
+
+@dataclass(frozen=True)
+class FlatBatch:
+    """Where each request's tokens and state are: host-side integers (read once per engine step, not per layer).
+
+    ``starts``/``lengths``: each request's token offset and count in the flat batch; ``continues``: whether it
+    continues a stored state; ``slots``: its row in the state tables; the first ``num_decodes`` requests are one-token
+    decode rows."""
+
+    num_decodes: int
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    continues: tuple[bool, ...]
+    slots: torch.Tensor  # (R,) int64, on the states' device
+
+    @classmethod
+    def from_offsets(cls, num_decodes: int, query_start_loc, seq_lens, slots: torch.Tensor) -> FlatBatch:
+        """From an engine's ``query_start_loc`` (R + 1,), ``seq_lens`` (R,) and slot indices (≥ R,)."""
+        offsets = [int(v) for v in query_start_loc.tolist()]
+        lengths = tuple(b - a for a, b in zip(offsets[:-1], offsets[1:]))
+        seen = [int(v) for v in seq_lens.tolist()][: len(lengths)]
+        continues = tuple(total > length for total, length in zip(seen, lengths))
+        if any(length != 1 for length in lengths[:num_decodes]):
+            raise ValueError(f"decode rows must hold one token each; got lengths {lengths[:num_decodes]}")
+        return cls(num_decodes, tuple(offsets[:-1]), lengths, continues, slots[: len(lengths)].long())
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def _gather(tables: MixerState, slots: torch.Tensor) -> MixerState:
+    return {name: table.index_select(0, slots) for name, table in tables.items()}
+
+
+def _scatter(tables: MixerState, slots: torch.Tensor, state: MixerState) -> None:
+    for name, table in tables.items():
+        table.index_copy_(0, slots, state[name].to(table.dtype))
+
+
+def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
+    """The decode rows, x (N, D), as one batched step; new requests among them start from a fresh state."""
+    slots = batch.slots[: batch.num_decodes]
+    state = _gather(tables, slots)
+    new = torch.tensor([not c for c in batch.continues[: batch.num_decodes]], device=slots.device)
+    if bool(new.any()):
+        state = mixer.reset_state(state, new)
+    y, state = mixer.step(x, state)
+    _scatter(tables, slots, state)
+    return y
+
+
+def _prefill(mixer: TokenMixer, x: torch.Tensor, request: int, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
+    """One prefill segment, x (L, D), by the mixer's parallel forward from its stored state or from the start."""
+    slot = batch.slots[request : request + 1]
+    state = _gather(tables, slot) if batch.continues[request] else None
+    y, state = mixer(x[None], state=state, return_state=True)  # (1, L, D_out)
+    _scatter(tables, slot, state)
+    return y[0]
+
+
+def mix_flat_batch(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
+    """``mixer`` over a flat batch: x (T, D), T ≥ ``batch.num_tokens`` (rows past them, an engine's padding, give
+    zeros); ``tables`` the mixer's state names -> (slots, *shape) tensors, updated in place. Returns (T, D_out)."""
+    parts = []
+    if batch.num_decodes:
+        parts.append(_decode(mixer, x[: batch.num_decodes], batch, tables))
+    for request in range(batch.num_decodes, len(batch.lengths)):
+        start, length = batch.starts[request], batch.lengths[request]
+        parts.append(_prefill(mixer, x[start : start + length], request, batch, tables))
+    out_size = getattr(mixer, "output_size", mixer.hidden_size)
+    padding = x.shape[0] - batch.num_tokens
+    if padding:
+        parts.append(x.new_zeros(padding, out_size))
+    return torch.cat(parts) if parts else x.new_zeros(0, out_size)
