@@ -15,8 +15,9 @@ from transformers import MambaConfig, PretrainedConfig
 
 from ..models.auto import FAMILIES
 from ..models.serpent.mamba_mapping import mamba_state_dict_to_serpent, serpent_config_from_mamba
+from .state_pages import StatePages
 
-__all__ = ["SERVED_ARCHITECTURES", "ServedModel", "check_servable", "served_model"]
+__all__ = ["SERVED_ARCHITECTURES", "ServedModel", "check_servable", "recurrent_state_pages", "served_model"]
 
 # config.json's architectures[0] -> the ssmhub model_type it loads as
 SERVED_ARCHITECTURES = {"DLRForCausalLM": "dlr", "BDLRNNForCausalLM": "bdlrnn", "H3ForCausalLM": "h3",
@@ -69,10 +70,10 @@ def _ssmhub_config(hf_config: PretrainedConfig) -> tuple[PretrainedConfig, bool]
 
 def check_servable(config: PretrainedConfig) -> None:
     """A ValueError naming the option when a config cannot be served through the engine adapter."""
-    if getattr(config, "attention_layers", None):
+    if getattr(config, "attention_layers", None) and getattr(config, "attention_window", None) is not None:
         raise ValueError(
-            f"attention_layers={list(config.attention_layers)}: serving H3 hybrids (attention layers through the "
-            "engine's paged key/value cache) is not implemented yet; serve an attention-free H3"
+            f"attention_window={config.attention_window}: a hybrid's sliding-window attention is not served yet "
+            "(vLLM's paged attention runs with full causal attention); save the model with attention_window=None"
         )
     if getattr(config, "bidirectional", False):
         raise ValueError("bidirectional=True reads later tokens: a bidirectional DLR cannot decode, so cannot be served")
@@ -92,3 +93,14 @@ def served_model(hf_config: PretrainedConfig, dtype: torch.dtype) -> ServedModel
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return ServedModel(model, from_mamba)
+
+
+def recurrent_state_pages(hf_config: PretrainedConfig, dtype: torch.dtype) -> StatePages:
+    """The state page of the config's first recurrent layer (a hybrid's recurrent layers all have one layout),
+    from a model built on the meta device: no weights are allocated."""
+    config, _ = _ssmhub_config(hf_config)
+    model_class = FAMILIES[config.model_type]["AutoModelForCausalLM"]
+    kinds = getattr(config, "layers_block_type", ["mamba"] * config.num_hidden_layers)
+    with torch.device("meta"):
+        mixer = model_class.build_mixer(None, config, kinds.index("mamba"))
+    return StatePages.of(mixer, dtype)

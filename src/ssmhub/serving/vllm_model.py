@@ -1,11 +1,13 @@
 """An ssmhub causal LM as a vLLM model: vLLM owns the requests, the batch and the state slots; ssmhub the math.
 
-:class:`SsmhubForCausalLM` holds the family's own transformers model (built from the folder's config, its weights
-loaded by name) and runs it on vLLM's flat batch: embeddings, then each block's norms, residuals and MLP as the
-model has them (:meth:`~ssmhub.models.modeling_recurrent.RecurrentBlock.forward_with`), with every mixer call going
-through :class:`ServedMixer`, which reads the step's batch layout from vLLM's forward context and hands it to
+The model classes hold the family's own transformers model (built from the folder's config, its weights loaded by
+name) and run it on vLLM's flat batch: embeddings, then each block's norms, residuals and MLP as the model has them
+(:meth:`~ssmhub.models.modeling_recurrent.RecurrentBlock.forward_with`), with every mixer call going through
+:class:`ServedMixer`, which reads the step's batch layout from vLLM's forward context and hands it to
 :func:`~ssmhub.serving.flat_batch.mix_flat_batch`. Each mixer's state lives in vLLM's state slots, one byte page per
-request (:class:`~ssmhub.serving.state_pages.StatePages`), so vLLM's scheduler counts it as it counts Mamba's.
+request (:class:`~ssmhub.serving.state_pages.StatePages`), so vLLM's scheduler counts it as it counts Mamba's. An
+H3 hybrid's attention layers run through vLLM's own ``Attention`` and its paged key/value cache
+(:class:`ServedAttention`), on the layer's own projections.
 
 This module imports vLLM; :mod:`ssmhub.serving.vllm_plugin` registers it without importing it.
 """
@@ -18,23 +20,29 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
-from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree, IsHybrid
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
+from ..layers.attention import CausalSelfAttention
 from ..layers.mixer import TokenMixer
 from .flat_batch import FlatBatch, mix_flat_batch
-from .servable import served_model
+from .servable import recurrent_state_pages, served_model
 from .state_pages import StatePages
 
-__all__ = ["ServedMixer", "SsmhubForCausalLM"]
+__all__ = ["ServedAttention", "ServedMixer", "SsmhubForCausalLM", "SsmhubHybridForCausalLM"]
+
+
+def _width(mixer: nn.Module) -> int:
+    return getattr(mixer, "output_size", mixer.hidden_size)
 
 
 class ServedMixer(MambaBase, nn.Module):
-    """One ssmhub mixer as a vLLM state-carrying layer: a byte page per request, the batch from the forward context.
-
-    It owns no parameters: the mixer stays where the model has it (its weights load by the model's own names) and is
-    held here outside the module tree."""
+    """One ssmhub recurrent mixer as a vLLM state-carrying layer: a byte page per request, the batch from the
+    forward context. It owns no parameters: the mixer stays where the model has it (its weights load by the model's
+    own names) and is held here outside the module tree."""
 
     def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str):
         super().__init__()
@@ -62,31 +70,56 @@ class ServedMixer(MambaBase, nn.Module):
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict):
             metadata = metadata.get(self.prefix)
-        width = getattr(self.mixer, "output_size", self.mixer.hidden_size)
         if metadata is None:  # vLLM's profiling run: no requests, no states
-            return x.new_zeros(*x.shape[:2], width), None
+            return x.new_zeros(*x.shape[:2], _width(self.mixer)), None
         batch = FlatBatch.from_offsets(
             metadata.num_decodes, metadata.query_start_loc, metadata.seq_lens, metadata.state_indices_tensor
         )
-        tables = self.pages.views(self.kv_cache[0].view(self.kv_cache[0].shape[0], -1))
+        table = self.kv_cache[0]
+        tables = self.pages.views(table.view(table.shape[0], -1))  # (slots, page bytes), padding included
         return mix_flat_batch(self.mixer, x[0], batch, tables)[None], None
 
 
-class SsmhubForCausalLM(nn.Module, HasInnerState, IsAttentionFree):
-    """vLLM's model class for every attention-free ssmhub causal LM (and transformers Mamba folders on a CPU)."""
+class ServedAttention(nn.Module):
+    """An ssmhub :class:`~ssmhub.layers.attention.CausalSelfAttention` with vLLM's paged attention in the middle:
+    the layer's own q/k/v and output projections, softmax(QKᵀ/√d)·V over each request's keys (arXiv 1706.03762,
+    §3.2.1; no position embeddings, as the H3 hybrid has none)."""
+
+    def __init__(self, mixer: CausalSelfAttention, vllm_config: VllmConfig, prefix: str):
+        super().__init__()
+        object.__setattr__(self, "mixer", mixer)
+        self.attention = Attention(
+            mixer.num_heads,
+            mixer.head_dim,
+            scale=mixer.head_dim**-0.5,
+            num_kv_heads=mixer.num_heads,
+            cache_config=vllm_config.cache_config,
+            prefix=prefix,
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """x (1, T, H) -> ((1, T, H), None)."""
+        q, k, v = self.mixer.qkv_proj(x[0]).chunk(3, dim=-1)  # (T, H) each: heads side by side
+        return self.mixer.out_proj(self.attention(q.contiguous(), k.contiguous(), v.contiguous()))[None], None
+
+
+class _ServedCausalLM(nn.Module):
+    """What both model classes share: the family's model, one served layer per block, vLLM's model methods."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
-        dtype = vllm_config.model_config.dtype
         if vllm_config.parallel_config.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size must be 1: ssmhub models are served on one device")
+        dtype = vllm_config.model_config.dtype
         self.served_model = served_model(vllm_config.model_config.hf_config, dtype)
         self.model = self.served_model.model
-        backbone = self.model.backbone
-        self.served = [
-            ServedMixer(block.mixer, dtype, f"{prefix}model.backbone.layers.{idx}.mixer")
-            for idx, block in enumerate(backbone.layers)
-        ]
+        self.served = []  # a plain list: the served layers own no weights of their own
+        for idx, block in enumerate(self.model.backbone.layers):
+            name = f"{prefix}model.backbone.layers.{idx}.mixer"
+            if isinstance(block.mixer, CausalSelfAttention):
+                self.served.append(ServedAttention(block.mixer, vllm_config, name))
+            else:
+                self.served.append(ServedMixer(block.mixer, dtype, name))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.backbone.embeddings(input_ids)
@@ -108,6 +141,25 @@ class SsmhubForCausalLM(nn.Module, HasInnerState, IsAttentionFree):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The folder's tensors by the model's own names (a transformers Mamba folder's mapped onto them)."""
-        loaded = self.served_model.load_named_tensors(weights)
-        return {f"model.{name}" for name in loaded}
+        return {f"model.{name}" for name in self.served_model.load_named_tensors(weights)}
 
+
+class SsmhubForCausalLM(_ServedCausalLM, HasInnerState, IsAttentionFree):
+    """vLLM's model class for the attention-free ssmhub causal LMs (and transformers Mamba folders on a CPU)."""
+
+
+class SsmhubHybridForCausalLM(_ServedCausalLM, HasInnerState, IsHybrid):
+    """vLLM's model class for H3: recurrent layers in state slots, attention layers in vLLM's paged cache."""
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, ...], ...]:
+        pages = recurrent_state_pages(vllm_config.model_config.hf_config, vllm_config.model_config.dtype)
+        return ((pages.page_bytes,),)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
+        return (torch.uint8,)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return MambaStateCopyFuncCalculator.linear_attention_state_copy_func()  # the page copied whole

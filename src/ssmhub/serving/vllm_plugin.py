@@ -12,12 +12,13 @@ from __future__ import annotations
 __all__ = ["register"]
 
 _MODEL_CLASS = "ssmhub.serving.vllm_model:SsmhubForCausalLM"
+_HYBRID_MODEL_CLASS = "ssmhub.serving.vllm_model:SsmhubHybridForCausalLM"  # H3: attention layers beside recurrent
 
 
 def register() -> None:
     import ssmhub  # noqa: F401  (registers every family's config with AutoConfig, which vLLM reads the folder with)
     from vllm import ModelRegistry
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, MambaModelConfig
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, HybridAttentionMambaModelConfig, MambaModelConfig
     from vllm.platforms import current_platform
 
     from .servable import SERVED_ARCHITECTURES
@@ -25,5 +26,7 @@ def register() -> None:
     for architecture in SERVED_ARCHITECTURES:
         if architecture == "MambaForCausalLM" and not current_platform.is_cpu():
             continue
-        ModelRegistry.register_model(architecture, _MODEL_CLASS)
-        MODELS_CONFIG_MAP[architecture] = MambaModelConfig  # one state slot per request (mamba_block_size)
+        hybrid = architecture == "H3ForCausalLM"
+        ModelRegistry.register_model(architecture, _HYBRID_MODEL_CLASS if hybrid else _MODEL_CLASS)
+        # one state slot per request (mamba_block_size); vLLM's hybrid config runs the same, then pages both caches
+        MODELS_CONFIG_MAP[architecture] = HybridAttentionMambaModelConfig if hybrid else MambaModelConfig

@@ -73,6 +73,12 @@ class H3Config(RecurrentLMConfig, H3Options, AttentionOptions):
     def has_attention(self) -> bool:
         return bool(self.attention_layers)
 
+    @property
+    def layers_block_type(self) -> list[str]:
+        """Each layer's kind, ``"attention"`` or ``"mamba"`` (a recurrent H3 layer): the list a serving engine reads
+        off a hybrid's config (vLLM's name for it, as Jamba's config has it). Derived from ``attention_layers``."""
+        return ["attention" if idx in self.attention_layers else "mamba" for idx in range(self.num_hidden_layers)]
+
     def check_fields(self) -> None:
         super().check_fields()
         self._check_attention_layers()
