@@ -64,6 +64,7 @@ setup(
             "ssmhub-eval=ssmhub.evaluation.cli:main",
             "ssmhub-regular=ssmhub.training.regular:main",
             "ssmhub-synthetic=ssmhub.training.synthetic:main",
+            "ssmhub-serve=ssmhub.serving.cli:main",
         ],
         "vllm.general_plugins": ["ssmhub=ssmhub.serving.vllm_plugin:register"],
     },

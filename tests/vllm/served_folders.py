@@ -13,7 +13,7 @@ from transformers import MambaConfig, MambaForCausalLM
 import ssmhub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
-from families import FAMILIES  # noqa: E402
+from families import FAMILIES
 
 VOCAB = 64
 CHUNK = 16  # max_num_batched_tokens: prompts longer than it arrive over several engine steps, mixed with decodes

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from served_folders import CHUNK, MAX_SEQS, SERVED, engine, generate_ids, prompts, reference_model, save_folder  # noqa: E402
+from served_folders import CHUNK, MAX_SEQS, SERVED, engine, generate_ids, prompts, reference_model, save_folder
 
 NEW_TOKENS = 8
 # 1 token to several times the prefill chunk; 12 requests, more than MAX_SEQS, so some wait in the queue
@@ -51,3 +51,10 @@ def test_served_tokens_equal_generate(name, tmp_path):
     # the same request alone and among 31 others: the same greedy ids (a request's tokens are its own)
     assert list(alone[0].outputs[0].token_ids) == list(served[6].outputs[0].token_ids)
     assert list(among.outputs[0].token_ids) == list(served[6].outputs[0].token_ids)
+
+
+def test_an_option_it_cannot_serve_fails_at_engine_start(tmp_path):
+    """A hybrid with a sliding attention window: refused when the engine builds the model, naming the option."""
+    folder = save_folder("h3-hybrid", tmp_path / "windowed", attention_window=4)
+    with pytest.raises(Exception, match="attention_window"), engine(folder):
+        pass

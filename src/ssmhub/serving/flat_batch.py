@@ -20,6 +20,7 @@ token, not from whatever its slot held before, so a reused slot starts clean.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -46,7 +47,7 @@ class FlatBatch:
     def from_offsets(cls, num_decodes: int, query_start_loc, seq_lens, slots: torch.Tensor) -> FlatBatch:
         """From an engine's ``query_start_loc`` (R + 1,), ``seq_lens`` (R,) and slot indices (≥ R,)."""
         offsets = [int(v) for v in query_start_loc.tolist()]
-        lengths = tuple(b - a for a, b in zip(offsets[:-1], offsets[1:]))
+        lengths = tuple(b - a for a, b in pairwise(offsets))
         seen = [int(v) for v in seq_lens.tolist()][: len(lengths)]
         continues = tuple(total > length for total, length in zip(seen, lengths))
         if any(length != 1 for length in lengths[:num_decodes]):

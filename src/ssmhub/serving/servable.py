@@ -76,7 +76,7 @@ def check_servable(config: PretrainedConfig) -> None:
             "(vLLM's paged attention runs with full causal attention); save the model with attention_window=None"
         )
     if getattr(config, "bidirectional", False):
-        raise ValueError("bidirectional=True reads later tokens: a bidirectional DLR cannot decode, so cannot be served")
+        raise ValueError("bidirectional=True reads later tokens: a bidirectional DLR cannot decode or be served")
     if getattr(config, "resampling_mode", "causal") != "causal":
         raise ValueError(
             f"resampling_mode={config.resampling_mode!r} reads later tokens; only resampling_mode='causal' serves"

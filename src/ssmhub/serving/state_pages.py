@@ -46,7 +46,8 @@ class StatePages:
     def views(self, table: torch.Tensor) -> dict[str, torch.Tensor]:
         """A (slots, ≥ page_bytes) uint8 table as the state's named (slots, *shape) tensors, sharing its memory."""
         if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] < self.page_bytes:
-            raise ValueError(f"a state table must be (slots, ≥ {self.page_bytes}) uint8; got {table.dtype} {tuple(table.shape)}")
+            got = f"{table.dtype} {tuple(table.shape)}"
+            raise ValueError(f"a state table must be (slots, ≥ {self.page_bytes}) uint8; got {got}")
         views = {}
         for name, shape, kind, offset in self.fields:
             size = math.prod(shape) * kind.itemsize

@@ -16,10 +16,11 @@ _HYBRID_MODEL_CLASS = "ssmhub.serving.vllm_model:SsmhubHybridForCausalLM"  # H3:
 
 
 def register() -> None:
-    import ssmhub  # noqa: F401  (registers every family's config with AutoConfig, which vLLM reads the folder with)
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP, HybridAttentionMambaModelConfig, MambaModelConfig
     from vllm.platforms import current_platform
+
+    import ssmhub  # noqa: F401  (registers every family's config with AutoConfig, which vLLM reads the folder with)
 
     from .servable import SERVED_ARCHITECTURES
 

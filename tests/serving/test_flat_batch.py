@@ -1,0 +1,92 @@
+"""ssmhub.serving.flat_batch against its oracle, each request's own forward: the engine adapter changes no number.
+
+A flat batch of decode rows and prefill segments (new prompts, chunks continuing a stored state, a new one-token
+request counted among the decodes, a slot reused from an earlier request) over every family's mixer gives each
+request what the mixer's forward over its whole sequence gives, and leaves in each slot the state that forward ends
+with. No engine is needed: the batch layout is what vLLM hands over."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
+from comparisons import MODEL_REL, same_values
+from families import FAMILIES
+
+from ssmhub.serving.flat_batch import FlatBatch, mix_flat_batch
+from ssmhub.serving.state_pages import StatePages
+
+MIXERS = {f.name: f for f in FAMILIES if f.causal_lm is not None}
+
+
+def _mixer(name: str, layer: int = 0):
+    torch.manual_seed(0)
+    family = MIXERS[name]
+    return family.causal_lm(family.config()).eval().backbone.layers[layer].mixer
+
+
+def _tables(mixer, slots: int):
+    """The mixer's state tables, (slots, *shape) each, as views of one byte page per slot (what vLLM allocates);
+    filled with garbage, so a request that wrongly reads a slot it did not write shows it."""
+    pages = StatePages.of(mixer, torch.float32)
+    raw = torch.randint(0, 255, (slots, pages.page_bytes), dtype=torch.uint8)
+    tables = pages.views(raw)
+    for value in tables.values():  # finite garbage of every dtype
+        value.copy_(torch.rand(value.shape).to(value.dtype) if value.is_floating_point() or value.is_complex() else 0)
+    return tables
+
+
+def _run(mixer, tables, steps, inputs):
+    """Run the engine steps: each a list of (request, n_tokens); decodes (n = 1, continuing) first, as vLLM orders
+    them. Returns each request's outputs, concatenated over its steps."""
+    done = {r: 0 for r in inputs}
+    outputs = {r: [] for r in inputs}
+    slot_of = {r: s for r, s in zip(inputs, [3, 1, 4, 0, 2, 5])}
+    for step in steps:
+        lengths = [n for _, n in step]
+        starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        seq_lens = torch.tensor([done[r] + n for r, n in step])
+        num_decodes = next((i for i, n in enumerate(lengths) if n != 1), len(lengths))  # the leading one-token rows
+        width = inputs[step[0][0]].shape[1]
+        x = torch.cat([inputs[r][done[r] : done[r] + n] for r, n in step] + [torch.zeros(2, width)])  # 2 padding rows
+        slots = torch.tensor([slot_of[r] for r, _ in step] + [7, 7])  # vLLM pads the slot list too
+        batch = FlatBatch.from_offsets(num_decodes, starts, seq_lens, slots)
+        with torch.no_grad():
+            y = mix_flat_batch(mixer, x, batch, tables)
+        assert y.shape[0] == x.shape[0] and bool((y[batch.num_tokens :] == 0).all())  # padding rows: zeros
+        for (r, n), a in zip(step, starts[:-1].tolist()):
+            outputs[r].append(y[a : a + n])
+            done[r] += n
+    return {r: torch.cat(o) for r, o in outputs.items()}, slot_of
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_flat_batch_equals_each_request_alone(name):
+    mixer = _mixer(name, layer=1 if name == "h3-hybrid" else 0)
+    if name == "h3-hybrid":  # its layer 1 is attention, which vLLM's own paged attention serves
+        with pytest.raises(ValueError, match="grows with the context"):
+            StatePages.of(mixer, torch.float32)
+        return
+    g = torch.Generator().manual_seed(1)
+    lengths = {"a": 8, "b": 2, "c": 12, "d": 4, "e": 1}
+    inputs = {r: torch.randn(n, mixer.hidden_size, generator=g) for r, n in lengths.items()}
+    steps = [
+        [("a", 5), ("c", 3)],  # two new prompts, chunked
+        [("a", 1), ("b", 1), ("c", 6)],  # a short extend as a decode row; b: a new one-token request; c continues
+        [("a", 1), ("b", 1), ("c", 3), ("d", 4)],
+        [("a", 1), ("e", 1)],  # e: new, one token, in a slot whose garbage it must not read
+    ]
+    tables = _tables(mixer, 8)
+    outputs, slot_of = _run(mixer, tables, steps, inputs)
+    for request, x in inputs.items():
+        n = outputs[request].shape[0]
+        with torch.no_grad():
+            expected, final = mixer(x[None, :n], return_state=True)
+        same_values(outputs[request], expected[0], rel=MODEL_REL, what=f"{name} request {request}")
+        for field, value in final.items():
+            stored = tables[field][slot_of[request]]
+            same_values(stored, value[0].to(stored.dtype), rel=MODEL_REL, what=f"{name} {request} {field}")
