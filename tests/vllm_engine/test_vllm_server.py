@@ -3,6 +3,7 @@ stopped by its process id; the ``openai`` client talks to it. Skipped where vLLM
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -78,20 +79,25 @@ class Server:
         self.log.close()
 
 
+@contextlib.contextmanager
+def _serving(root: Path, chat_template: str | None):
+    running = Server(_folder(root / "dlr", chat_template), root / "server.log")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    running = Server(_folder(root / "dlr-chat", CHAT_TEMPLATE), root / "server.log")
-    yield running
-    running.stop()
+    with _serving(tmp_path_factory.mktemp("served"), CHAT_TEMPLATE) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
 def server_without_template(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served-plain")
-    running = Server(_folder(root / "dlr-plain", None), root / "server.log")
-    yield running
-    running.stop()
+    with _serving(tmp_path_factory.mktemp("served-plain"), None) as running:
+        yield running
 
 
 def _client(server) -> openai.OpenAI:
