@@ -58,3 +58,28 @@ def test_an_option_it_cannot_serve_fails_at_engine_start(tmp_path):
     folder = save_folder("h3-hybrid", tmp_path / "windowed", attention_window=4)
     with pytest.raises(Exception, match="attention_window"), engine(folder):
         pass
+
+
+def _reference_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The transformers model's logits before each of ``tokens`` (teacher-forced on them), (len(tokens), vocab)."""
+    with torch.no_grad():
+        return model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+
+
+@pytest.mark.parametrize("name", ["dlr", "serpent"])
+def test_a_compiled_engine_serves_the_same_model(name, tmp_path):
+    """vLLM's default compilation (not ``enforce_eager``) compiles each mixer's decode step: not the same float
+    operations as eager, so each greedy token must be the reference's argmax up to the logprob tolerance (a near tie
+    may go either way) and its logprob the reference's log-softmax, teacher-forced on the served tokens."""
+    folder = save_folder(name, tmp_path / name)
+    model = reference_model(name, folder)
+    batch = prompts(len(LENGTHS), LENGTHS)
+    with engine(folder, enforce_eager=False) as llm:
+        served = generate_ids(llm, batch, logprobs=1)
+    for prompt, output in zip(batch, served):
+        tokens = list(output.outputs[0].token_ids)
+        reference = _reference_logits(model, prompt, tokens).log_softmax(-1)  # (NEW_TOKENS, vocab)
+        chosen = reference.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+        assert bool((chosen >= reference.max(-1).values - LOGPROB_ATOL).all()), (name, len(prompt))
+        logprobs = torch.tensor([step[token].logprob for step, token in zip(output.outputs[0].logprobs, tokens)])
+        torch.testing.assert_close(logprobs, chosen, atol=LOGPROB_ATOL, rtol=0)

@@ -19,6 +19,7 @@ token, not from whatever its slot held before, so a reused slot starts clean.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -26,7 +27,9 @@ import torch
 
 from ..layers.mixer import MixerState, TokenMixer
 
-__all__ = ["FlatBatch", "mix_flat_batch"]
+__all__ = ["FlatBatch", "Step", "mix_flat_batch"]
+
+Step = Callable[[torch.Tensor, MixerState], tuple[torch.Tensor, MixerState]]  # (x_t (B, D), state) -> (y_t, state)
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,14 @@ def _scatter(tables: MixerState, slots: torch.Tensor, state: MixerState) -> None
         table.index_copy_(0, slots, state[name].to(table.dtype))
 
 
-def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
+def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, step: Step) -> torch.Tensor:
     """The decode rows, x (N, D), as one batched step; new requests among them start from a fresh state."""
     slots = batch.slots[: batch.num_decodes]
     state = _gather(tables, slots)
     new = torch.tensor([not c for c in batch.continues[: batch.num_decodes]], device=slots.device)
     if bool(new.any()):
         state = mixer.reset_state(state, new)
-    y, state = mixer.step(x, state)
+    y, state = step(x, state)
     _scatter(tables, slots, state)
     return y
 
@@ -89,12 +92,15 @@ def _prefill(mixer: TokenMixer, x: torch.Tensor, request: int, batch: FlatBatch,
     return y[0]
 
 
-def mix_flat_batch(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
+def mix_flat_batch(
+    mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, step: Step | None = None
+) -> torch.Tensor:
     """``mixer`` over a flat batch: x (T, D), T ≥ ``batch.num_tokens`` (rows past them, an engine's padding, give
-    zeros); ``tables`` the mixer's state names -> (slots, *shape) tensors, updated in place. Returns (T, D_out)."""
+    zeros); ``tables`` the mixer's state names -> (slots, *shape) tensors, updated in place; ``step`` runs the decode
+    rows (default ``mixer.step``; a compiled ``mixer.step`` computes the same). Returns (T, D_out)."""
     parts = []
     if batch.num_decodes:
-        parts.append(_decode(mixer, x[: batch.num_decodes], batch, tables))
+        parts.append(_decode(mixer, x[: batch.num_decodes], batch, tables, step or mixer.step))
     for request in range(batch.num_decodes, len(batch.lengths)):
         start, length = batch.starts[request], batch.lengths[request]
         parts.append(_prefill(mixer, x[start : start + length], request, batch, tables))

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import CompilationMode, VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -39,6 +39,16 @@ def _width(mixer: nn.Module) -> int:
     return getattr(mixer, "output_size", mixer.hidden_size)
 
 
+def _decode_step(mixer: TokenMixer, vllm_config: VllmConfig):
+    """The mixer's decode step as vLLM's compilation setting asks: ``mixer.step`` under ``enforce_eager`` (mode
+    NONE), else ``torch.compile(mixer.step, dynamic=True)``: one graph for every batch of decode rows, its
+    elementwise state update fused (the step is written to compile, ``ssmhub.ops.diagonal_step``). vLLM compiles
+    the models it decorates itself; this model it runs as it is, so its step is compiled here."""
+    if vllm_config.compilation_config.mode == CompilationMode.NONE:
+        return mixer.step
+    return torch.compile(mixer.step, dynamic=True)
+
+
 class ServedMixer(MambaBase, nn.Module):
     """One ssmhub recurrent mixer as a vLLM state-carrying layer: a byte page per request, the batch from the
     forward context. It owns no parameters: the mixer stays where the model has it (its weights load by the model's
@@ -47,6 +57,7 @@ class ServedMixer(MambaBase, nn.Module):
     def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str):
         super().__init__()
         object.__setattr__(self, "mixer", mixer)  # not a submodule: its parameters keep the model's names
+        self.step = _decode_step(mixer, get_current_vllm_config())
         self.pages = StatePages.of(mixer, dtype)
         self.prefix = prefix
         self.kv_cache = (torch.tensor([]),)
@@ -77,7 +88,7 @@ class ServedMixer(MambaBase, nn.Module):
         )
         table = self.kv_cache[0]
         tables = self.pages.views(table.view(table.shape[0], -1))  # (slots, page bytes), padding included
-        return mix_flat_batch(self.mixer, x[0], batch, tables)[None], None
+        return mix_flat_batch(self.mixer, x[0], batch, tables, self.step)[None], None
 
 
 class ServedAttention(nn.Module):
