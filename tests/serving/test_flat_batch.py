@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
 from comparisons import MODEL_REL, same_values
 from families import FAMILIES
 
-from ssmhub.serving.flat_batch import FlatBatch, mix_flat_batch
+from ssmhub.serving.flat_batch import FlatBatch, _eager_on_failure, compiled_decode, decode_rows, mix_flat_batch
 from ssmhub.serving.state_pages import StatePages
 
 MIXERS = {f.name: f for f in FAMILIES if f.causal_lm is not None}
@@ -90,3 +90,36 @@ def test_flat_batch_equals_each_request_alone(name):
         for field, value in final.items():
             stored = tables[field][slot_of[request]]
             same_values(stored, value[0].to(stored.dtype), rel=MODEL_REL, what=f"{name} {request} {field}")
+
+
+@pytest.mark.parametrize("name", ["dlr", "serpent", "serpent-mamba"])
+def test_compiled_decode_rows_equal_eager(name):
+    """:func:`compiled_decode` (what the vLLM plugin runs unless vLLM is eager; DLR's state is one tensor, fused
+    whole; SeRpEnt's and Mamba's several, the step compiled alone): the same outputs and slot states as eager, a new
+    row reset, other slots untouched; float32 round-off apart (fused, reordered sums)."""
+    mixer = _mixer(name)
+    eager, compiled = _tables(mixer, 8), _tables(mixer, 8)
+    for name_, value in compiled.items():
+        value.copy_(eager[name_])
+    g = torch.Generator().manual_seed(2)
+    slots, new = torch.tensor([5, 2, 6]), torch.tensor([False, True, False])
+    step = compiled_decode(mixer)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(3, mixer.hidden_size, generator=g)
+            same_values(step(mixer, x, compiled, slots, new), decode_rows(mixer, x, eager, slots, new), rel=MODEL_REL)
+    for field, value in eager.items():
+        same_values(compiled[field], value, rel=MODEL_REL, what=f"{name} {field}")
+
+
+def test_a_decode_torch_compile_fails_on_falls_back_to_eager_with_a_warning():
+    calls = []
+
+    def failing(*args):
+        calls.append("compiled")
+        raise torch._dynamo.exc.TorchDynamoException("no kernel for this")
+
+    decode = _eager_on_failure(failing, lambda *args: calls.append("eager") or "eager result")
+    with pytest.warns(RuntimeWarning, match="no kernel for this"):
+        assert decode(1, 2) == "eager result"
+    assert decode(1, 2) == "eager result" and calls == ["compiled", "eager", "eager"]  # compiled is not tried again

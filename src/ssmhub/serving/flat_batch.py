@@ -19,6 +19,8 @@ token, not from whatever its slot held before, so a reused slot starts clean.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -27,9 +29,9 @@ import torch
 
 from ..layers.mixer import MixerState, TokenMixer
 
-__all__ = ["FlatBatch", "Step", "mix_flat_batch"]
+__all__ = ["Decode", "FlatBatch", "compiled_decode", "decode_rows", "mix_flat_batch"]
 
-Step = Callable[[torch.Tensor, MixerState], tuple[torch.Tensor, MixerState]]  # (x_t (B, D), state) -> (y_t, state)
+Decode = Callable[[TokenMixer, torch.Tensor, MixerState, torch.Tensor, torch.Tensor], torch.Tensor]  # decode_rows'
 
 
 @dataclass(frozen=True)
@@ -71,16 +73,62 @@ def _scatter(tables: MixerState, slots: torch.Tensor, state: MixerState) -> None
         table.index_copy_(0, slots, state[name].to(table.dtype))
 
 
-def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, step: Step) -> torch.Tensor:
-    """The decode rows, x (N, D), as one batched step; new requests among them start from a fresh state."""
-    slots = batch.slots[: batch.num_decodes]
+def _step(mixer: TokenMixer, x: torch.Tensor, state: MixerState) -> tuple[torch.Tensor, MixerState]:
+    return mixer.step(x, state)
+
+
+def decode_rows(
+    mixer: TokenMixer, x: torch.Tensor, tables: MixerState, slots: torch.Tensor, new: torch.Tensor, step=_step
+) -> torch.Tensor:
+    """Decode rows x (N, D) as one batched step: their slots' states (``new`` (N,) bool: those reset to the state
+    before a first token), ``step(mixer, x, state)`` (the mixer's own), the new states written back into the slots in
+    place. Returns (N, D_out)."""
     state = _gather(tables, slots)
-    new = torch.tensor([not c for c in batch.continues[: batch.num_decodes]], device=slots.device)
-    if bool(new.any()):
+    if torch.compiler.is_compiling() or bool(new.any()):  # eager: skip the reset when no row needs it
         state = mixer.reset_state(state, new)
-    y, state = step(x, state)
+    y, state = step(mixer, x, state)
     _scatter(tables, slots, state)
     return y
+
+
+@functools.cache
+def _compiled(function):
+    return torch.compile(function, dynamic=True)  # one graph for every layer of a family and every number of rows
+
+
+def compiled_decode(mixer: TokenMixer) -> Decode:
+    """:func:`decode_rows` compiled for ``mixer`` (``torch.compile``, dynamic batch): whole where its state is one
+    tensor, so the gather, the state update and the write-back fuse into one pass over the slots; else the step
+    alone, gathered and written back eagerly (several states are views of one byte page, whose in-place update
+    torch.compile refuses). The same numbers as eager up to float32 round-off (fused, reordered sums)."""
+    if len(mixer.state_layout(1)) == 1:
+        return _eager_on_failure(_compiled(decode_rows), decode_rows)
+    return _eager_on_failure(functools.partial(decode_rows, step=_compiled(_step)), decode_rows)
+
+
+def _eager_on_failure(compiled: Decode, eager: Decode) -> Decode:
+    """``compiled``, or ``eager`` from the first call torch.compile fails on (it fails while compiling, before the
+    graph touches a slot), with a warning naming the failure: a serving engine keeps serving."""
+    chosen = [compiled]
+
+    def decode(*args):
+        if chosen[0] is compiled:
+            try:
+                return compiled(*args)
+            except torch._dynamo.exc.TorchDynamoException as error:
+                warnings.warn(f"torch.compile failed on the decode rows ({type(error).__name__}: {error}"[:300]
+                              + "); decoding them eagerly", RuntimeWarning, stacklevel=2)  # fmt: skip
+                chosen[0] = eager
+        return eager(*args)
+
+    return decode
+
+
+def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, decode: Decode) -> torch.Tensor:
+    """The decode rows, x (N, D); new requests among them start from a fresh state."""
+    slots = batch.slots[: batch.num_decodes]
+    new = torch.tensor([not c for c in batch.continues[: batch.num_decodes]], device=slots.device)
+    return decode(mixer, x, tables, slots, new)
 
 
 def _prefill(mixer: TokenMixer, x: torch.Tensor, request: int, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
@@ -93,14 +141,14 @@ def _prefill(mixer: TokenMixer, x: torch.Tensor, request: int, batch: FlatBatch,
 
 
 def mix_flat_batch(
-    mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, step: Step | None = None
+    mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, decode: Decode = decode_rows
 ) -> torch.Tensor:
     """``mixer`` over a flat batch: x (T, D), T ≥ ``batch.num_tokens`` (rows past them, an engine's padding, give
-    zeros); ``tables`` the mixer's state names -> (slots, *shape) tensors, updated in place; ``step`` runs the decode
-    rows (default ``mixer.step``; a compiled ``mixer.step`` computes the same). Returns (T, D_out)."""
+    zeros); ``tables`` the mixer's state names -> (slots, *shape) tensors, updated in place; ``decode`` runs the
+    decode rows (:func:`decode_rows`, or it compiled). Returns (T, D_out)."""
     parts = []
     if batch.num_decodes:
-        parts.append(_decode(mixer, x[: batch.num_decodes], batch, tables, step or mixer.step))
+        parts.append(_decode(mixer, x[: batch.num_decodes], batch, tables, decode))
     for request in range(batch.num_decodes, len(batch.lengths)):
         start, length = batch.starts[request], batch.lengths[request]
         parts.append(_prefill(mixer, x[start : start + length], request, batch, tables))

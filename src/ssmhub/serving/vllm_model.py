@@ -28,7 +28,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..layers.attention import CausalSelfAttention
 from ..layers.mixer import TokenMixer
-from .flat_batch import FlatBatch, mix_flat_batch
+from .flat_batch import Decode, FlatBatch, compiled_decode, decode_rows, mix_flat_batch
 from .servable import recurrent_state_pages, served_model
 from .state_pages import StatePages
 
@@ -39,14 +39,10 @@ def _width(mixer: nn.Module) -> int:
     return getattr(mixer, "output_size", mixer.hidden_size)
 
 
-def _decode_step(mixer: TokenMixer, vllm_config: VllmConfig):
-    """The mixer's decode step as vLLM's compilation setting asks: ``mixer.step`` under ``enforce_eager`` (mode
-    NONE), else ``torch.compile(mixer.step, dynamic=True)``: one graph for every batch of decode rows, its
-    elementwise state update fused (the step is written to compile, ``ssmhub.ops.diagonal_step``). vLLM compiles
-    the models it decorates itself; this model it runs as it is, so its step is compiled here."""
-    if vllm_config.compilation_config.mode == CompilationMode.NONE:
-        return mixer.step
-    return torch.compile(mixer.step, dynamic=True)
+def _decode_for(mixer: TokenMixer, vllm_config: VllmConfig) -> Decode:
+    """The decode rows' function as vLLM's compilation setting asks: :func:`decode_rows` under ``enforce_eager``
+    (mode NONE), else :func:`compiled_decode`. vLLM compiles the models it writes itself; this one it runs as it is."""
+    return decode_rows if vllm_config.compilation_config.mode == CompilationMode.NONE else compiled_decode(mixer)
 
 
 class ServedMixer(MambaBase, nn.Module):
@@ -57,7 +53,7 @@ class ServedMixer(MambaBase, nn.Module):
     def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str):
         super().__init__()
         object.__setattr__(self, "mixer", mixer)  # not a submodule: its parameters keep the model's names
-        self.step = _decode_step(mixer, get_current_vllm_config())
+        self.decode = _decode_for(mixer, get_current_vllm_config())
         self.pages = StatePages.of(mixer, dtype)
         self.prefix = prefix
         self.kv_cache = (torch.tensor([]),)
@@ -88,7 +84,7 @@ class ServedMixer(MambaBase, nn.Module):
         )
         table = self.kv_cache[0]
         tables = self.pages.views(table.view(table.shape[0], -1))  # (slots, page bytes), padding included
-        return mix_flat_batch(self.mixer, x[0], batch, tables, self.step)[None], None
+        return mix_flat_batch(self.mixer, x[0], batch, tables, self.decode)[None], None
 
 
 class ServedAttention(nn.Module):

@@ -1,0 +1,105 @@
+"""The models of ``benchmarks/serving.py``: every served ssmhub family and the two vLLM-native peers at one width and
+depth, saved as folders (random weights: throughput does not depend on them).
+
+Peers of equal parameters: GPT-2 takes the layer count that brings its non-embedding parameters (its position table
+grows with the longest context, 8K here) closest to DLR's at the same width;
+Mamba-2 (transformers' layout, served by vLLM's own ``Mamba2ForCausalLM``) keeps the families' width and depth
+(head dimension 64, state 128, one group), which puts it within a few percent of SeRpEnt's Mamba layout. DLR
+takes 128 complex modes per channel, so that its decode state has Mamba-2's bytes (H·2N = 2H·128 float32 per layer):
+a decode step streams its state through memory, so equal state is the equal shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Mamba2Config, Mamba2ForCausalLM
+
+import ssmhub
+
+FAMILIES = ["dlr", "bdlrnn", "serpent", "serpent-mamba", "h3-ssm", "h3-distilled", "h3", "h3-hybrid"]
+PEERS = ["gpt2", "mamba2"]
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    hidden: int
+    layers: int
+    vocab: int
+
+
+SIZES = {"small": Size("small", 128, 4, 4096), "100m": Size("100m", 768, 12, 50304)}
+
+
+def _ssmhub_model(name: str, size: Size) -> torch.nn.Module:
+    common = dict(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers, pad_token_id=0,
+                  eos_token_id=None, bos_token_id=None)  # fmt: skip
+    h3 = dict(common, intermediate_size=4 * size.hidden, max_kernel_length=2048, attention_layers=[])
+    configs = {
+        "dlr": lambda: ssmhub.DLRConfig(state_size=128, intermediate_size=4 * size.hidden, **common),
+        "bdlrnn": lambda: ssmhub.BDLRNNConfig(intermediate_size=4 * size.hidden, **common),
+        "serpent": lambda: ssmhub.SerpentConfig(resampling_rates=[0.5, 0.1], **common),
+        "serpent-mamba": lambda: ssmhub.SerpentConfig(resampling_rates=[], **common),
+        "h3-ssm": lambda: ssmhub.H3Config(**{**h3, "kernel_type": "diagonal_ssm"}),
+        "h3-distilled": lambda: ssmhub.H3Config(**h3),
+        "h3": lambda: ssmhub.H3Config(**h3),
+        "h3-hybrid": lambda: ssmhub.H3Config(
+            **{**h3, "attention_layers": [size.layers // 2], "num_attention_heads": max(1, size.hidden // 64)}
+        ),
+    }
+    model = AutoModelForCausalLM.from_config(configs[name]())
+    if name == "h3-distilled":
+        model.distill_for_decoding(num_modes=16)
+    return model
+
+
+def _gpt2(size: Size, max_len: int, target_params: int) -> torch.nn.Module:
+    def build(layers: int) -> torch.nn.Module:
+        config = GPT2Config(vocab_size=size.vocab, n_embd=size.hidden, n_layer=layers, n_head=size.hidden // 64,
+                            n_positions=max_len, bos_token_id=None, eos_token_id=None)  # fmt: skip
+        with torch.device("meta"):
+            return GPT2LMHeadModel(config)
+
+    layers = min(range(1, 4 * size.layers + 1), key=lambda n: abs(non_embedding_parameters(build(n)) - target_params))
+    return GPT2LMHeadModel(build(layers).config)
+
+
+def _mamba2(size: Size) -> torch.nn.Module:
+    config = Mamba2Config(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers, expand=2,
+                          head_dim=64, num_heads=2 * size.hidden // 64, state_size=128, n_groups=1,
+                          pad_token_id=0, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    return Mamba2ForCausalLM(config)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Parameters, each tied tensor once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    """Parameters outside the token and position embeddings and the LM head (which ties to the embeddings or not)."""
+    tables = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    tables |= {id(p) for p in model.get_output_embeddings().parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in tables)
+
+
+def save_models(size: Size, names: list[str], folder: Path, max_len: int) -> dict[str, tuple[int, int]]:
+    """Each named model saved to ``folder/<name>``; returns its parameters, all and
+    non-embedding. GPT-2 takes the layer count whose non-embedding parameters are closest to DLR's."""
+    torch.manual_seed(0)
+    dlr_params = non_embedding_parameters(_ssmhub_model("dlr", size))
+    counts = {}
+    for name in names:
+        path = folder / name
+        if name == "gpt2":
+            model = _gpt2(size, max_len, dlr_params)
+        elif name == "mamba2":
+            model = _mamba2(size)
+        else:
+            model = _ssmhub_model(name, size)
+        counts[name] = (count_parameters(model), non_embedding_parameters(model))
+        model.save_pretrained(path)
+    return counts

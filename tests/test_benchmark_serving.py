@@ -1,0 +1,67 @@
+"""benchmarks/serving.py without an engine: its prompts, its models of equal parameters, its tables and targets."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import serving
+from _serving_models import SIZES, Size, non_embedding_parameters, save_models
+
+
+def test_prompts_have_the_asked_lengths_and_no_pad_id():
+    batch = serving.prompts(50, vocab=100, low=64, high=512)
+    assert len(batch) == 50 and all(64 <= len(p) <= 512 for p in batch)
+    assert all(0 < t < 100 for p in batch for t in p) and serving.prompts(50, 100, 64, 512) == batch  # seeded
+
+
+def test_gpt2_takes_the_depth_whose_non_embedding_parameters_are_dlrs(tmp_path):
+    tiny = Size("tiny", 64, 2, 128)
+    counts = save_models(tiny, ["dlr", "gpt2", "mamba2"], tmp_path, max_len=256)
+    per_layer = 12 * 64 * 64  # a GPT-2 block's weights: attention 4d², MLP 8d² (and biases, norms)
+    assert abs(counts["gpt2"][1] - counts["dlr"][1]) <= per_layer
+    assert all((tmp_path / name / "config.json").exists() for name in counts)
+
+
+def test_non_embedding_parameters_leave_out_the_tables_and_the_head():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    tables = 50 * 16 + 32 * 16
+    assert non_embedding_parameters(model) == sum(p.numel() for p in model.parameters()) - tables
+
+
+def _rows():
+    def row(model, engine, c, tok_s):
+        return {"model": model, "engine": engine, "C": c, "tok_s": tok_s, "tpot_ms": 1.0, "wall_s": 1.0}
+
+    return [row("dlr", "vLLM", 32, 900.0), row("dlr", "generate", 32, 100.0), row("mamba2", "vLLM", 32, 1000.0)]
+
+
+def test_the_tables_and_targets_read_the_rows():
+    args = serving.parse_args(["--concurrency", "32"])
+    params = {"dlr": (2_000_000, 1_000_000), "mamba2": (2_100_000, 1_050_000)}
+    table = "\n".join(serving.concurrency_table(_rows(), params, args))
+    assert "| dlr | 2.00M (1.00M) | vLLM | 900 (1.0) | 9.0× | 0.9× |" in table
+    long = [
+        {"model": "gpt2", "prompt": 8192, "fit": 3, "served": 3, "tok_s": 100.0},
+        {"model": "dlr", "prompt": 8192, "fit": 120, "served": 12, "tok_s": 150.0},
+    ]
+    assert "| dlr | 8192 | 120 | 40.0× | 12 | 150 | 1.5× |" in "\n".join(serving.long_table(long))
+    targets = "\n".join(serving.target_lines(_rows(), long))
+    assert "dlr: vLLM ≥ 10× generate at 32 requests: **missed** (9.0×)" in targets
+    assert "dlr: ≥ 0.8× vLLM's Mamba-2 at 32 requests: **met** (0.90×)" in targets
+    assert "≥ 4× GPT-2's requests **met** (40×), ≥ 2× its tokens/s **missed** (1.5×" in targets
+
+
+@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--repeats", "0"], ["--long-factor", "0"]])
+def test_bad_arguments_are_refused_by_name(argv, capsys):
+    with pytest.raises(SystemExit):
+        serving.parse_args(argv)
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_both_sizes_are_defined():
+    assert SIZES["small"].hidden < SIZES["100m"].hidden and SIZES["100m"].vocab % 64 == 0
