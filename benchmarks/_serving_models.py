@@ -15,11 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Mamba2Config, Mamba2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    MambaConfig,
+    MambaForCausalLM,
+)
 
 import ssmhub
 
-FAMILIES = ["dlr", "bdlrnn", "serpent", "serpent-mamba", "h3-ssm", "h3-distilled", "h3", "h3-hybrid"]
+# served through ssmhub; "mamba-hf" is a transformers MambaForCausalLM folder (served as SeRpEnt without branches,
+# held to transformers' own Mamba generate: the peer behind vLLM's 12-22× over generate)
+FAMILIES = ["dlr", "bdlrnn", "serpent", "serpent-mamba", "h3-ssm", "h3-distilled", "h3", "h3-hybrid", "mamba-hf"]
 PEERS = ["gpt2", "mamba2"]
 
 
@@ -67,6 +77,12 @@ def _gpt2(size: Size, max_len: int, target_params: int) -> torch.nn.Module:
     return GPT2LMHeadModel(build(layers).config)
 
 
+def _mamba_hf(size: Size) -> torch.nn.Module:
+    config = MambaConfig(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers,
+                         pad_token_id=0, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    return MambaForCausalLM(config)
+
+
 def _mamba2(size: Size) -> torch.nn.Module:
     config = Mamba2Config(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers, expand=2,
                           head_dim=64, num_heads=2 * size.hidden // 64, state_size=128, n_groups=1,
@@ -98,6 +114,8 @@ def save_models(size: Size, names: list[str], folder: Path, max_len: int) -> dic
             model = _gpt2(size, max_len, dlr_params)
         elif name == "mamba2":
             model = _mamba2(size)
+        elif name == "mamba-hf":
+            model = _mamba_hf(size)
         else:
             model = _ssmhub_model(name, size)
         counts[name] = (count_parameters(model), non_embedding_parameters(model))

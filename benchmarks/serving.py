@@ -8,7 +8,8 @@ Two measurements, written to ``benchmarks/results/serving.md`` (or ``--name``):
   ``ignore_eos``). Output tokens/s is ``C × 128`` over the wall time, prefill included; the time per output token is
   the median over requests of vLLM's own timestamps (first to last token over 127). transformers' ``generate`` runs
   the same prompts as one left-padded batch of ``C``, as a user would; its time per output token is
-  ``(T(128 tokens) − T(1 token)) / 127``. Each vLLM batch runs once unmeasured first (compilation).
+  ``(T(128 tokens) − T(1 token)) / 127``. Each batch runs once unmeasured first (vLLM's compilation, a model's
+  caches), then ``--repeats`` times; the tables give medians.
 * **Long conversations.** One cache budget (``--budget-mib``, vLLM's ``kv_cache_memory_bytes``) and prompts of 2K
   and 8K tokens: how many requests fit at once is vLLM's own count (``kv_cache_max_concurrency``: its blocks over
   the blocks one request of ``max_model_len`` takes). GPT-2 then serves as many as fit; a recurrent model serves
@@ -121,6 +122,8 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def concurrency_rows(name: str, folder: Path, args, vocab: int) -> list[dict]:
     rows = []
+    if not args.concurrency:  # transformers' generate alone
+        return generate_rows(name, folder, args, vocab) if name in FAMILIES else []
     llm = _engine(folder, 1024, max(args.concurrency), args, args.concurrency_budget_mib << 20)
     for c in args.concurrency:
         batch = prompts(c, vocab, 64, 512)
@@ -135,15 +138,17 @@ def concurrency_rows(name: str, folder: Path, args, vocab: int) -> list[dict]:
 
 
 def generate_rows(name: str, folder: Path, args, vocab: int) -> list[dict]:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, MambaForCausalLM
 
     torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    hf_generate(model, prompts(2, vocab, 64, 512, seed=99))  # warm-up
+    model_class = MambaForCausalLM if name == "mamba-hf" else AutoModelForCausalLM  # a Mamba folder loads as SeRpEnt
+    model = model_class.from_pretrained(folder).eval()
     rows = []
     for c in args.generate_concurrency:
         batch = prompts(c, vocab, 64, 512)
-        rows.append({"model": name, "engine": "generate", "C": c, **hf_generate(model, batch)})
+        hf_generate(model, batch)  # warm-up: a model's first batch of a shape fills its caches
+        runs = [hf_generate(model, batch) for _ in range(args.repeats)]
+        rows.append({"model": name, "engine": "generate", "C": c, **_median(runs)})
         print(rows[-1], flush=True)
     return rows
 
@@ -173,13 +178,14 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.1f}×" if value and base else "–"
 
 
-def concurrency_table(rows: list[dict], params: dict, args) -> list[str]:
+def concurrency_table(rows: list[dict], params: dict) -> list[str]:
     by = {(r["model"], r["engine"], r["C"]): r for r in rows}
-    head = "| model | params (non-emb.) | engine | " + " | ".join(f"C={c} tok/s (ms/tok)" for c in args.concurrency)
-    lines = [head + " | vLLM ÷ generate at 32 | ÷ vLLM Mamba-2 at 32 |", "|" + "---|" * (len(args.concurrency) + 5)]
+    levels = sorted({r["C"] for r in rows})
+    head = "| model | params (non-emb.) | engine | " + " | ".join(f"C={c} tok/s (ms/tok)" for c in levels)
+    lines = [head + " | vLLM ÷ generate at 32 | ÷ vLLM Mamba-2 at 32 |", "|" + "---|" * (len(levels) + 5)]
     for model, engine in dict.fromkeys((r["model"], r["engine"]) for r in rows):
         cells = [f"{by[model, engine, c]['tok_s']:.0f} ({by[model, engine, c]['tpot_ms']:.1f})"
-                 if (model, engine, c) in by else "–" for c in args.concurrency]  # fmt: skip
+                 if (model, engine, c) in by else "–" for c in levels]  # fmt: skip
         at32 = by.get((model, engine, 32), {}).get("tok_s")
         vs_generate = _ratio(at32, by.get((model, "generate", 32), {}).get("tok_s")) if engine == "vLLM" else ""
         vs_mamba2 = _ratio(at32, by.get(("mamba2", "vLLM", 32), {}).get("tok_s")) if engine == "vLLM" else ""
@@ -235,7 +241,7 @@ def main(argv=None) -> None:
     rows = [row for name in args.models for row in concurrency_rows(name, folders[name], args, size.vocab)]
     sections = [
         f"## Output tokens/s (median ms per output token), {size.name}: width {size.hidden}, "
-        f"{size.layers} layers, vocabulary {size.vocab}\n\n" + "\n".join(concurrency_table(rows, params, args))
+        f"{size.layers} layers, vocabulary {size.vocab}\n\n" + "\n".join(concurrency_table(rows, params))
     ]
     long = long_rows(args.models, folders, args, size.vocab) if args.long_prompts else []
     if long:

@@ -41,9 +41,8 @@ def _rows():
 
 
 def test_the_tables_and_targets_read_the_rows():
-    args = serving.parse_args(["--concurrency", "32"])
     params = {"dlr": (2_000_000, 1_000_000), "mamba2": (2_100_000, 1_050_000)}
-    table = "\n".join(serving.concurrency_table(_rows(), params, args))
+    table = "\n".join(serving.concurrency_table(_rows(), params))
     assert "| dlr | 2.00M (1.00M) | vLLM | 900 (1.0) | 9.0× | 0.9× |" in table
     long = [
         {"model": "gpt2", "prompt": 8192, "fit": 3, "served": 3, "tok_s": 100.0},
