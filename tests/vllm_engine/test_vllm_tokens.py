@@ -24,12 +24,15 @@ def _generate_reference(model, prompt: list[int]) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+def _reference_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The transformers model's logits before each of ``tokens`` (teacher-forced on them), (len(tokens), vocab)."""
+    with torch.no_grad():
+        return model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+
+
 def _log_softmax_of(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """log p(token_t | prompt, tokens_<t) of each generated token, from one full forward of the transformers model."""
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    return logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    return _reference_logits(model, prompt, tokens).log_softmax(-1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
 @pytest.mark.parametrize("name", SERVED)
@@ -58,12 +61,6 @@ def test_an_option_it_cannot_serve_fails_at_engine_start(tmp_path):
     folder = save_folder("h3-hybrid", tmp_path / "windowed", attention_window=4)
     with pytest.raises(Exception, match="attention_window"), engine(folder):
         pass
-
-
-def _reference_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """The transformers model's logits before each of ``tokens`` (teacher-forced on them), (len(tokens), vocab)."""
-    with torch.no_grad():
-        return model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
 
 
 @pytest.mark.parametrize("name", ["dlr", "serpent"])
