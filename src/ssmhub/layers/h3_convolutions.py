@@ -48,7 +48,8 @@ def long_convolution(options: H3Options, num_heads: int, device=None) -> H3Convo
     ``decode_num_modes`` modes per head on ``device``, filled by loading a distilled model) or not.
     """
     if options.kernel_type == "diagonal_ssm":
-        return DiagonalSSMConvolution(DiagonalSSMKernel(num_heads, options.ssm_state_size))
+        ssm = DiagonalSSMKernel(num_heads, options.ssm_state_size, discretization=options.ssm_discretization)
+        return DiagonalSSMConvolution(ssm)
     learned = LongConvKernel(num_heads, options.max_kernel_length, options)
     if options.decode_num_modes is None:
         return WindowConvolution(learned)

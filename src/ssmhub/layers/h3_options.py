@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from .longconv_options import LongConvOptions
 from .options import check_choice, check_integer
 
-__all__ = ["H3_KERNEL_INITS", "KERNEL_TYPES", "SHIFT_KERNEL_FIELDS", "H3Options"]
+__all__ = ["DISCRETIZATIONS", "H3_KERNEL_INITS", "KERNEL_TYPES", "SHIFT_KERNEL_FIELDS", "H3Options"]
 
 KERNEL_TYPES = ("long_conv", "diagonal_ssm")
+DISCRETIZATIONS = ("bilinear", "zoh")  # of the diagonal SSM, H3's own first
 H3_KERNEL_INITS = ("geometric", "random")  # the long kernel's; "conv" is the shift kernel's own
 # The long-convolution options an unregularized shift kernel (H3's shift SSM) takes from the layer's: how its
 # convolution is computed. Its init and regularizers are its own (see H3Options.shift_kernel_options).
@@ -38,7 +39,13 @@ class H3Options(LongConvOptions):
         kernel_type: ``"long_conv"`` (the long-conv paper's learned kernels, default) or ``"diagonal_ssm"``
             (the original H3: an S4D diagonal SSM per head, decoded in O(ssm_state_size) per channel;
             ``max_kernel_length`` and the kernel regularizers do not apply to it).
-        ssm_state_size: N, complex modes per head of the diagonal SSM (H3: 64).
+        ssm_state_size: N, complex modes per head of the diagonal SSM, one per conjugate pair: H3's ``d_state``
+            counts both members of each pair, so ``ssm_state_size = d_state // 2``, and the default 32 is H3's
+            ``d_state = 64`` (poles ``A_n = −1/2 + iπn``, n < 32, as H3 builds them).
+        ssm_discretization: how the diagonal SSM is discretized (:mod:`ssmhub.layers.diagonal_ssm`):
+            ``"bilinear"`` (default, H3's: ``λ = (1 + ΔA/2)/(1 − ΔA/2)``) or ``"zoh"`` (zero-order hold,
+            ``λ = exp(ΔA)``). A diagonal-SSM ``config.json`` saved before this field existed holds a ZOH model and
+            loads as ``"zoh"`` (``H3Config.from_dict``).
     """
 
     squash_lambda: float = 0.001
@@ -48,13 +55,15 @@ class H3Options(LongConvOptions):
     regularize_shift_kernel: bool = False
     decode_num_modes: int | None = None
     kernel_type: str = "long_conv"
-    ssm_state_size: int = 64
+    ssm_state_size: int = 32
+    ssm_discretization: str = "bilinear"
 
     def check_options(self, hidden_size: int | None = None) -> None:
         super().check_options(hidden_size)
         name = type(self).__name__
         check_choice(self, "kernel_init", H3_KERNEL_INITS)
         check_choice(self, "kernel_type", KERNEL_TYPES)
+        check_choice(self, "ssm_discretization", DISCRETIZATIONS)
         check_integer(self, "max_kernel_length", "ssm_num_heads", "shift_kernel_size", "decode_num_modes")
         check_integer(self, "ssm_state_size")
         if self.kernel_type == "diagonal_ssm" and self.decode_num_modes is not None:

@@ -1,6 +1,8 @@
 """Configuration fields every ssmhub language model shares (the block stack, the heads)."""
 
 # no `from __future__ import annotations` here: @strict checks field types only on real annotations
+from typing import ClassVar
+
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -60,9 +62,22 @@ class RecurrentLMConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
+    # Saved configs are versioned by the fields they hold: a field added after folders were saved without it maps
+    # to the value every such folder was written with (a family sets this; a config built anew gets the default).
+    values_before_field: ClassVar[dict[str, object]] = {}
+
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.check_fields()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """As ``PretrainedConfig.from_dict``; a saved config (it names its ``model_type``) that lacks a field of
+        ``values_before_field`` gets the value it was written with."""
+        if "model_type" in config_dict:
+            missing = {name: value for name, value in cls.values_before_field.items() if name not in config_dict}
+            config_dict = {**config_dict, **missing}
+        return super().from_dict(config_dict, **kwargs)
 
     def check_fields(self) -> None:
         """Raise a ValueError naming the first field with a bad value (families extend this).

@@ -39,7 +39,7 @@ class H3Config(RecurrentLMConfig, H3Options, AttentionOptions):
     ``max_kernel_length``, ``ssm_num_heads``, ``shift_kernel_size``, ``kernel_init``, ``kernel_init_std``,
     ``geometric_convention``, ``kernel_dropout``, ``smooth_width``, ``smooth_domain``, ``squash_lambda``,
     ``kernel_regularization_order``, ``regularize_shift_kernel``, ``decode_num_modes``, ``fft_backend``,
-    ``butterfly_block_size``, ``kernel_type``, ``ssm_state_size``) and of
+    ``butterfly_block_size``, ``kernel_type``, ``ssm_state_size``, ``ssm_discretization``) and of
     :class:`~ssmhub.layers.attention_options.AttentionOptions` (``num_attention_heads``,
     ``attention_dropout``, ``attention_window``), each documented and checked there, once; and:
 
@@ -57,6 +57,8 @@ class H3Config(RecurrentLMConfig, H3Options, AttentionOptions):
     """
 
     model_type = "h3"
+    # a folder saved before ``ssm_discretization`` existed (issue 61) holds a zero-order-hold diagonal SSM
+    values_before_field = {"ssm_discretization": "zoh"}
 
     hidden_size: int = 768
     num_hidden_layers: int = 12

@@ -8,10 +8,6 @@ from ..configuration_recurrent import RecurrentLMConfig
 
 __all__ = ["SerpentConfig"]
 
-# Saved configs are versioned by the fields they hold: one written before ``branch_layout`` existed (issue 53) had
-# the concatenated layout, which is what its weights fit.
-LAYOUT_BEFORE_BRANCH_LAYOUT = "concatenated"
-
 
 @strict
 class SerpentConfig(RecurrentLMConfig, SerpentOptions):
@@ -37,6 +33,8 @@ class SerpentConfig(RecurrentLMConfig, SerpentOptions):
     """
 
     model_type = "serpent"
+    # a folder saved before ``branch_layout`` existed (issue 53) has the concatenated layout its weights fit
+    values_before_field = {"branch_layout": "concatenated"}
 
     hidden_size: int = 384
     norm_type: str = "rmsnorm"
@@ -45,14 +43,6 @@ class SerpentConfig(RecurrentLMConfig, SerpentOptions):
         if self.resampling_mode == "faithful" and self.resampling_rates:
             self.use_cache = False  # the faithful resampling reads later tokens: no recurrent form to cache
         super().__post_init__(**kwargs)
-
-    @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs):
-        """As ``PretrainedConfig.from_dict``; a saved config (it names its ``model_type``) without ``branch_layout``
-        gets the layout it was written with (``"concatenated"``)."""
-        if "model_type" in config_dict and "branch_layout" not in config_dict:
-            config_dict = {**config_dict, "branch_layout": LAYOUT_BEFORE_BRANCH_LAYOUT}
-        return super().from_dict(config_dict, **kwargs)
 
     @property
     def branch_size(self) -> int:
