@@ -65,6 +65,7 @@ setup(
             "ssmhub-regular=ssmhub.training.regular:main",
             "ssmhub-synthetic=ssmhub.training.synthetic:main",
             "ssmhub-serve=ssmhub.serving.cli:main",
+            "ssmhub-convert-h3=ssmhub.models.h3.convert_h3:main",
         ],
         "vllm.general_plugins": ["ssmhub=ssmhub.serving.vllm_plugin:register"],
     },

@@ -7,7 +7,6 @@ import math
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -144,28 +143,3 @@ def test_registering_for_an_auto_class_saves_the_code_as_transformers_does(tmp_p
         auto_map = json.loads((tmp_path / name / "config.json").read_text()).get("auto_map", {})
         assert ("AutoModelForCausalLM" in auto_map) is has_code, name
         assert (tmp_path / name / "modeling_dlr.py").exists() is has_code, name
-
-
-def test_save_pretrained_pushing_to_the_hub_uploads_the_code_too(tmp_path, monkeypatch):
-    """``save_pretrained(push_to_hub=True, save_code=True)`` uploads once, after the code is written (transformers'
-    own upload would run before it)."""
-    import huggingface_hub
-
-    uploads = []
-
-    class RecordingApi:
-        def __init__(self, token=None):
-            pass
-
-        def create_repo(self, repo_id, private=None, exist_ok=False):
-            return type("RepoUrl", (), {"repo_id": f"me/{repo_id}"})()
-
-        def upload_folder(self, folder_path, repo_id, commit_message=None, create_pr=False):
-            uploads.append((repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
-            return "https://hf.co/me/commit"
-
-    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
-    model = ssmhub.DLRForCausalLM(ssmhub.DLRConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4))
-    model.save_pretrained(tmp_path / "tiny-dlr", push_to_hub=True, save_code=True)
-    assert len(uploads) == 1 and uploads[0][0] == "me/tiny-dlr"
-    assert {"config.json", "model.safetensors", "modeling_dlr.py", "configuration_dlr.py"} <= set(uploads[0][1])

@@ -21,7 +21,7 @@ MAX_SEQS = 8  # max_num_seqs: a batch of 32 requests queues most of them
 
 # every causal-LM variant of the conformance registry (the H3 hybrid below: vLLM's CPU attention needs head_dim 32+)
 SERVED_FAMILIES = [f.name for f in FAMILIES if f.causal_lm is not None and f.name != "h3-hybrid"]
-SERVED = [*SERVED_FAMILIES, "h3-hybrid", "h3-distilled", "mamba-transformers"]
+SERVED = [*SERVED_FAMILIES, "h3-hybrid", "h3-hybrid-rotary", "h3-distilled", "mamba-transformers"]
 
 
 def save_folder(name: str, folder: Path, **overrides) -> Path:
@@ -32,10 +32,11 @@ def save_folder(name: str, folder: Path, **overrides) -> Path:
         config = MambaConfig(hidden_size=16, num_hidden_layers=2, state_size=4, pad_token_id=0, **plain)
         MambaForCausalLM(config).save_pretrained(folder)
         return folder
-    if name == "h3-hybrid":
+    if name in ("h3-hybrid", "h3-hybrid-rotary"):  # rotary: as the released H3-2.7B "2attn-rotary" (part of a head)
+        rotary = {"rotary_emb_dim": 16} if name == "h3-hybrid-rotary" else {}
         config = ssmhub.H3Config(
             hidden_size=64, num_hidden_layers=3, max_kernel_length=16, attention_layers=[1], num_attention_heads=2,
-            ssm_num_heads=4, intermediate_size=64, pad_token_id=0, **plain,
+            ssm_num_heads=4, intermediate_size=64, pad_token_id=0, **rotary, **plain,
         )  # fmt: skip
         model = ssmhub.H3ForCausalLM(config)
     elif name == "h3-distilled":  # long kernels distilled into a diagonal SSM (O(N) decode)

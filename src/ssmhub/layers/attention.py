@@ -5,8 +5,19 @@ state is the key/value cache of the tokens seen so far, ``{"key": (B, heads, T, 
 (B, heads, T, d_head), "key_mask": (B, T)}``, kept in the same :class:`~ssmhub.cache.RecurrentCache`
 (unlike a recurrent state it grows with the context, one key and value per token and layer).
 
-There are no position embeddings: as in H3 (arXiv 2212.14052, §3.4; the hybrid's attention layers
-use none), order comes from the recurrent layers around it. Padded keys (``mask == 0``) are never
+By default there are no position embeddings: as in H3 (arXiv 2212.14052, §3.4; the hybrid's attention layers
+use none), order comes from the recurrent layers around it. With ``rotary_emb_dim`` > 0 (:class:`AttentionOptions`)
+queries and keys get rotary position embeddings (RoFormer, arXiv 2104.09864 §3.4.2, Eq. 34;
+:mod:`ssmhub.ops.rotary`) right after the q/k/v projection, before attention, as flash-attn's ``MHA`` applies them
+in the released H3 models: the first ``rotary_emb_dim`` features of each head, in flash-attn's default
+(non-interleaved) layout unless ``rotary_emb_interleaved``. A whole forward from scratch puts its tokens at positions
+0 .. L − 1 (padded ones included: left padding shifts a row's positions, and a rotary score depends only on the
+difference of two positions); a cached forward or step continues at the positions its state has seen, and keys are
+cached already rotated. The position of the next token is the state's ``position`` entry, (B,) int64, in the
+growing state of a rotary layer (its key count no longer says it once a window drops old keys), and ``length`` in
+a static state; a layer without rotary embeddings keeps the layout below unchanged. Packed rows keep positions
+running along the row: a query never sees another document's keys, and within one document only differences
+count. Padded keys (``mask == 0``) are never
 attended to, so left padding changes nothing for the real tokens; a padded query attends only to
 itself (its output is unused, but stays finite). Attention runs through
 ``torch.nn.functional.scaled_dot_product_attention`` (:func:`ssmhub.ops.attention.scaled_dot_product_attention`:
@@ -30,6 +41,7 @@ import torch
 from torch import nn
 
 from ..ops.attention import scaled_dot_product_attention
+from ..ops.rotary import rotary_embedding
 from .attention_options import AttentionOptions
 from .mixer import TokenMixer
 
@@ -41,8 +53,8 @@ class CausalSelfAttention(TokenMixer):
 
     Args:
         hidden_size: model width d.
-        options: an :class:`AttentionOptions` (heads, dropout; or a config holding them); ``**values`` override
-            single fields.
+        options: an :class:`AttentionOptions` (heads, dropout, window, rotary embeddings; or a config holding them);
+            ``**values`` override single fields.
         bias: biases in the q/k/v and output projections.
     """
 
@@ -56,16 +68,22 @@ class CausalSelfAttention(TokenMixer):
         options.check_options(hidden_size)
         num_heads, self.dropout = options.attention_heads(hidden_size), options.attention_dropout
         self.attention_window = options.attention_window  # None: every earlier token
+        self.rotary_emb_dim = options.rotary_emb_dim  # 0: no position embeddings
+        self.rotary_emb_base, self.rotary_emb_interleaved = options.rotary_emb_base, options.rotary_emb_interleaved
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
         self.qkv_proj = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
         self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 
     def state_layout(self, batch_size: int, dtype=None):
         """``key``, ``value``: (B, heads, T, d_head) in the activations' dtype; ``key_mask``: (B, T) bool.
-        T, the tokens seen so far, grows by one per token (0 before the first)."""
+        T, the tokens kept so far, grows by one per token (0 before the first; at most W − 1 with a window).
+        With rotary embeddings also ``position``: (B,) int64, the tokens seen so far (the next token's position)."""
         shape = (batch_size, self.num_heads, None, self.head_dim)
         kind = torch.get_default_dtype() if dtype is None else dtype
-        return {"key": (shape, kind), "value": (shape, kind), "key_mask": ((batch_size, None), torch.bool)}
+        layout = {"key": (shape, kind), "value": (shape, kind), "key_mask": ((batch_size, None), torch.bool)}
+        if self.rotary_emb_dim:
+            layout["position"] = ((batch_size,), torch.long)
+        return layout
 
     def static_state(self, batch_size: int, max_length: int, device=None, dtype=None):
         """The state before the first token with room for ``max_length`` tokens (see the module docstring)."""
@@ -113,6 +131,11 @@ class CausalSelfAttention(TokenMixer):
         static = state is not None and "length" in state
         if static and starts is not None:
             raise ValueError("packed rows (document starts) cannot continue a static attention state")
+        offset = None  # (B,) the tokens the state has seen: the first new token's position (rotary embeddings)
+        if self.rotary_emb_dim:  # keys are rotated before they are cached, as flash-attn's cache holds them
+            if state is not None:
+                offset = state["length" if static else "position"]
+            q, k = self._rotate(q, k, offset)
         if static:
             k, v, key_mask, query_pos = self._write_slots(state, k, v, new_mask)
             past = None
@@ -142,7 +165,21 @@ class CausalSelfAttention(TokenMixer):
             new_state = {"key": k, "value": v, "key_mask": key_mask, "length": state["length"] + length}
         else:
             new_state = self._kept_state(k, v, key_mask) if return_state else None
+            if new_state is not None and self.rotary_emb_dim:  # the next token's position
+                seen = key_mask.new_zeros(batch, dtype=torch.long) if offset is None else offset
+                new_state["position"] = seen + length
         return y, (new_state if return_state else None)
+
+    def _rotate(self, q, k, offset):
+        """q, k (B, heads, L, d_head) with rotary position embeddings at positions ``offset`` + 0 .. L − 1
+        (``offset``: (B,) int64, the tokens a state has seen, or None: 0)."""
+        positions = torch.arange(q.shape[2], device=q.device)  # (L,)
+        if offset is not None:
+            positions = offset[:, None] + positions  # (B, L)
+        rotate = dict(
+            rotary_dim=self.rotary_emb_dim, base=self.rotary_emb_base, interleaved=self.rotary_emb_interleaved
+        )
+        return rotary_embedding(q, positions, **rotate), rotary_embedding(k, positions, **rotate)
 
     def _write_slots(self, state, k, v, new_mask):
         """A static state with the L new keys, values and mask bits written to slots ``length .. length + L − 1``

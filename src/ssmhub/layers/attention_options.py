@@ -35,11 +35,24 @@ class AttentionOptions(MixerOptions):
             in the context, as a recurrent layer's does: what evaluating a whole book statefully needs
             (``ssmhub-eval --stateful --attention_window W``). Results equal full attention while a sequence
             is at most W tokens long.
+        rotary_emb_dim: 0 (the default, H3's own attention: no position embeddings, order comes from the
+            recurrent layers around it) or an even number of features, at most the head width, that rotary
+            position embeddings rotate in each head's queries and keys (RoFormer, arXiv 2104.09864 §3.4.2,
+            Eq. 34; :mod:`ssmhub.ops.rotary`); the rest of each head passes through. The released H3 hybrids'
+            attention (flash-attn's ``MHA(rotary_emb_dim=64)``) rotates 64 features per head.
+        rotary_emb_base: the base b of the rotary frequencies θ_i = b^(−2i / rotary_emb_dim) (arXiv 2104.09864
+            Eq. 15), 10000.0 as in the paper and flash-attn; read only when ``rotary_emb_dim`` > 0.
+        rotary_emb_interleaved: which features pair up in a rotation. False (the default, flash-attn's and so
+            the released H3 models', GPT-NeoX's layout): feature i with feature i + rotary_emb_dim / 2. True
+            (the paper's Eq. 34 order, GPT-J's): features 2i and 2i + 1.
     """
 
     num_attention_heads: int | None = None
     attention_dropout: float = 0.0
     attention_window: int | None = None
+    rotary_emb_dim: int = 0
+    rotary_emb_base: float = 10000.0
+    rotary_emb_interleaved: bool = False
 
     def has_attention(self) -> bool:
         """Whether these options build an attention layer (a hybrid config without one says False, and the
@@ -54,7 +67,9 @@ class AttentionOptions(MixerOptions):
         super().check_options(hidden_size)
         name = type(self).__name__
         check_integer(self, "num_attention_heads", "attention_window")
+        check_integer(self, "rotary_emb_dim", minimum=0)
         check_positive(self, "attention_dropout", allow_zero=True)
+        check_positive(self, "rotary_emb_base")
         if not self.attention_dropout < 1:
             raise ValueError(f"{name}.attention_dropout must be in [0, 1); got {self.attention_dropout}")
         heads = self.num_attention_heads
@@ -63,3 +78,15 @@ class AttentionOptions(MixerOptions):
                 f"{name}.num_attention_heads ({self.num_attention_heads}) must divide "
                 f"{self.width_name()} ({hidden_size})"
             )
+        if self.rotary_emb_dim % 2:
+            raise ValueError(
+                f"{name}.rotary_emb_dim must be even (rotary embeddings rotate pairs of features); "
+                f"got {self.rotary_emb_dim}"
+            )
+        if hidden_size is not None and self.has_attention() and self.rotary_emb_dim:
+            head_dim = hidden_size // self.attention_heads(hidden_size)
+            if self.rotary_emb_dim > head_dim:
+                raise ValueError(
+                    f"{name}.rotary_emb_dim ({self.rotary_emb_dim}) must be at most the head width {head_dim} "
+                    f"({self.width_name()} {hidden_size} / {self.attention_heads(hidden_size)} heads)"
+                )

@@ -8,11 +8,12 @@ from transformers import PreTrainedConfig
 
 from ..layers.options import MixerOptions, check_choice, check_integer, check_positive
 
-__all__ = ["INIT_SCHEMES", "NORM_TYPES", "POOLINGS", "RecurrentLMConfig"]
+__all__ = ["HIDDEN_ACTS", "INIT_SCHEMES", "NORM_TYPES", "POOLINGS", "RecurrentLMConfig"]
 
 POOLINGS = ("max", "mean", "last")
 INIT_SCHEMES = ("normal", "pytorch")
 NORM_TYPES = ("layernorm", "rmsnorm")
+HIDDEN_ACTS = ("gelu", "gelu_pytorch_tanh")  # transformers' names: the exact (erf) GELU and its tanh approximation
 
 
 @strict
@@ -25,6 +26,8 @@ class RecurrentLMConfig(PreTrainedConfig):
         num_hidden_layers: number of blocks.
         intermediate_size: width of an optional position-wise MLP after each mixer (0: none, the
             plain stack of mixers described in the DLR paper §2.3).
+        hidden_act: the MLP's activation, as transformers names it: ``"gelu"`` (exact, the default) or
+            ``"gelu_pytorch_tanh"`` (the tanh approximation, GPT-2's and the released H3 models' MLP).
         prenorm: ``x + f(LN(x))`` with a final LayerNorm (True) or post-norm ``LN(x + f(x))``.
         last_layer_residual: False makes the last block output its mixer's result without the residual
             stream (pre-norm only), as the regular-language LRNN code does (arXiv 2309.07412).
@@ -47,6 +50,7 @@ class RecurrentLMConfig(PreTrainedConfig):
     hidden_size: int = 256
     num_hidden_layers: int = 4
     intermediate_size: int = 0
+    hidden_act: str = "gelu"
     prenorm: bool = True
     last_layer_residual: bool = True
     norm_type: str = "layernorm"
@@ -94,6 +98,7 @@ class RecurrentLMConfig(PreTrainedConfig):
         check_positive(self, "recurrence_learning_rate")
         check_choice(self, "classifier_pooling", POOLINGS)
         check_choice(self, "norm_type", NORM_TYPES)
+        check_choice(self, "hidden_act", HIDDEN_ACTS)
         check_choice(self, "init_scheme", INIT_SCHEMES)
         if isinstance(self, MixerOptions):  # a family config inherits its mixer's options and their one validator
             self.check_options(self.hidden_size)

@@ -46,15 +46,17 @@ __all__ = [
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward map H -> intermediate -> H with a GELU."""
+    """Position-wise feed-forward map H -> intermediate -> H with a GELU, exact (``"gelu"``) or its tanh
+    approximation (``"gelu_pytorch_tanh"``, ``config.hidden_act``)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "gelu"):
         super().__init__()
         self.up_proj = nn.Linear(hidden_size, intermediate_size)
         self.down_proj = nn.Linear(intermediate_size, hidden_size)
+        self.approximate = "tanh" if hidden_act == "gelu_pytorch_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.gelu(self.up_proj(x)))
+        return self.down_proj(nn.functional.gelu(self.up_proj(x), approximate=self.approximate))
 
 
 def build_norm(config) -> nn.Module:
@@ -73,7 +75,9 @@ class RecurrentBlock(GradientCheckpointingLayer):
         self.residual = residual  # False: the mixer's output replaces the stream (pre-norm only)
         self.mixer_norm = build_norm(config)
         self.mixer = mixer
-        self.mlp = MLP(config.hidden_size, config.intermediate_size) if config.intermediate_size else None
+        self.mlp = (
+            MLP(config.hidden_size, config.intermediate_size, config.hidden_act) if config.intermediate_size else None
+        )
         self.mlp_norm = build_norm(config) if self.mlp else None
 
     def forward(self, hidden_states, mask=None, state=None, return_state=False, document_starts=None):

@@ -15,6 +15,7 @@ This module imports vLLM; :mod:`ssmhub.serving.vllm_plugin` registers it without
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..layers.attention import CausalSelfAttention
 from ..layers.mixer import TokenMixer
+from ..ops.rotary import rotary_embedding
 from .flat_batch import Decode, FlatBatch, compiled_decode, decode_rows, mix_flat_batch
 from .servable import recurrent_state_pages, served_model
 from .state_pages import StatePages
@@ -72,8 +74,9 @@ class ServedMixer(MambaBase, nn.Module):
     def mamba_type(self) -> MambaAttentionBackendEnum:
         return MambaAttentionBackendEnum.LINEAR  # its metadata: decode count, token offsets, seq_lens, slots
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """x (1, T, H), the flat batch's tokens -> ((1, T, D_out), None), states read and written in their slots."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        """x (1, T, H), the flat batch's tokens -> ((1, T, D_out), None), states read and written in their slots
+        (``positions`` unread: order lives in the states)."""
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, dict):
             metadata = metadata.get(self.prefix)
@@ -90,7 +93,9 @@ class ServedMixer(MambaBase, nn.Module):
 class ServedAttention(nn.Module):
     """An ssmhub :class:`~ssmhub.layers.attention.CausalSelfAttention` with vLLM's paged attention in the middle:
     the layer's own q/k/v and output projections, softmax(QKᵀ/√d)·V over each request's keys (arXiv 1706.03762,
-    §3.2.1; no position embeddings, as the H3 hybrid has none)."""
+    §3.2.1). A layer with rotary embeddings (``rotary_emb_dim`` > 0) rotates q and k at each token's position in
+    its request, vLLM's ``positions``, before they reach the paged cache: the keys are cached rotated, as the layer
+    caches them in ``generate``."""
 
     def __init__(self, mixer: CausalSelfAttention, vllm_config: VllmConfig, prefix: str):
         super().__init__()
@@ -104,10 +109,21 @@ class ServedAttention(nn.Module):
             prefix=prefix,
         )
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """x (1, T, H) -> ((1, T, H), None)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """x (1, T, H), positions (T,) -> ((1, T, H), None)."""
         q, k, v = self.mixer.qkv_proj(x[0]).chunk(3, dim=-1)  # (T, H) each: heads side by side
+        if self.mixer.rotary_emb_dim:
+            q, k = self._rotate(q, positions), self._rotate(k, positions)
         return self.mixer.out_proj(self.attention(q.contiguous(), k.contiguous(), v.contiguous()))[None], None
+
+    def _rotate(self, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(T, H) -> (T, H) with the layer's rotary embedding at ``positions`` (T,)."""
+        mixer = self.mixer
+        heads = t.unflatten(-1, (mixer.num_heads, mixer.head_dim)).transpose(0, 1)  # (heads, T, d_head)
+        turned = rotary_embedding(
+            heads, positions, mixer.rotary_emb_dim, mixer.rotary_emb_base, mixer.rotary_emb_interleaved
+        )
+        return turned.transpose(0, 1).flatten(1)  # (T, heads, d_head) -> (T, H)
 
 
 class _ServedCausalLM(nn.Module):
@@ -132,13 +148,13 @@ class _ServedCausalLM(nn.Module):
         return self.model.backbone.embeddings(input_ids)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
-        """The flat batch's tokens (T,) -> hidden states (T, H); ``positions`` are not read (no position
-        embeddings: order lives in the states)."""
+        """The flat batch's tokens (T,) and their positions in their requests (T,) -> hidden states (T, H); only
+        rotary attention layers read the positions (a recurrent layer's order lives in its state)."""
         hidden = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         hidden = hidden[None]  # (1, T, H): the flat batch as one row for the per-token parts of each block
         backbone = self.model.backbone
         for block, served in zip(backbone.layers, self.served):
-            hidden, _ = block.forward_with(hidden, served)
+            hidden, _ = block.forward_with(hidden, partial(served, positions=positions))
         if backbone.norm_f is not None:
             hidden = backbone.norm_f(hidden)
         return hidden[0]

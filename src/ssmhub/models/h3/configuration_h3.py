@@ -41,7 +41,8 @@ class H3Config(RecurrentLMConfig, H3Options, AttentionOptions):
     ``kernel_regularization_order``, ``regularize_shift_kernel``, ``decode_num_modes``, ``fft_backend``,
     ``butterfly_block_size``, ``kernel_type``, ``ssm_state_size``, ``ssm_discretization``) and of
     :class:`~ssmhub.layers.attention_options.AttentionOptions` (``num_attention_heads``,
-    ``attention_dropout``, ``attention_window``), each documented and checked there, once; and:
+    ``attention_dropout``, ``attention_window``, ``rotary_emb_dim``, ``rotary_emb_base``, ``rotary_emb_interleaved``),
+    each documented and checked there, once; and:
 
     Args:
         attention_layers: 0-based indices of the layers that are causal self-attention instead of H3.
