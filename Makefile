@@ -24,34 +24,45 @@ demo: venv
 lint: venv
 	$(PY) -m ruff check src tests benchmarks examples experiments
 
+# pytest-xdist processes for make test and make test-portable: 2, the cores of CI's machine (TEST_WORKERS=0: the
+# tests in this process, as plain pytest runs them)
+TEST_WORKERS ?= 2
+
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-all: lint
 	$(PY) -m pytest -q -m ""
 
 # The numerically sensitive tests again, on another machine than `make test`'s as far as one machine can be another:
-# other CPU kernels (AVX2 where the CPU has AVX-512, else ATen's scalar ones), one thread instead of every core, and
-# the tests in a shuffled order (make prints the seed: `make test-portable PORTABLE_SEED=N` replays it). No test may
-# depend on which: bits are asserted only where promised (tests/comparisons.py).
+# other CPU kernels (AVX2 where the CPU has AVX-512, else ATen's scalar ones), one thread per test process instead of
+# every core, and the tests in a shuffled order (make prints the seed: `make test-portable PORTABLE_SEED=N` replays
+# it). No test may depend on which: bits are asserted only where promised (tests/comparisons.py).
 PORTABLE_TESTS ?= tests/conformance tests/ops tests/layers tests/models
 PORTABLE_SEED ?= $(shell date +%s)
 test-portable: venv
 	ATEN_CPU_CAPABILITY=$$($(PY) -c 'import torch; print("default" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "avx2")') \
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --random-order-bucket=global --random-order-seed=$(PORTABLE_SEED) $(PORTABLE_TESTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --random-order-bucket=global \
+		--random-order-seed=$(PORTABLE_SEED) $(PORTABLE_TESTS)
 
-# The oldest transformers setup.py admits, with the packages it needs, in a folder put ahead of the venv's own
-# (torch stays the venv's): the causal-LM conformance checks and the imports must pass with it too.
+# The oldest transformers setup.py admits, in a venv of its own as a user of that release would have it: torch first,
+# then ssmhub with transformers pinned, every other package as pip resolves it for that pin (not today's packages
+# beside an old transformers: transformers 5.25's `kernels` breaks older releases' imports). The imports, the causal-LM
+# conformance checks and assisted and prompt-lookup decoding must pass with it.
 OLDEST_TRANSFORMERS := $(shell sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' setup.py)
-OLDEST_DIR := .oldest-transformers
-$(OLDEST_DIR)/.installed: setup.py
-	rm -rf $(OLDEST_DIR)
-	$(PY) -m pip install -q --target $(OLDEST_DIR) "transformers==$(OLDEST_TRANSFORMERS)"
+OLDEST_VENV := .oldest-transformers
+$(OLDEST_VENV)/.installed: setup.py
+	rm -rf $(OLDEST_VENV)
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(OLDEST_VENV)/bin/python -m pip install -q -e . "transformers==$(OLDEST_TRANSFORMERS)" pytest pytest-timeout
 	touch $@
 
-test-oldest-transformers: venv $(OLDEST_DIR)/.installed
-	PYTHONPATH=$(OLDEST_DIR) $(PY) -c 'import transformers; assert transformers.__version__ == "$(OLDEST_TRANSFORMERS)", transformers.__version__'
-	PYTHONPATH=$(OLDEST_DIR) $(PY) -m pytest -q tests/test_imports.py tests/conformance/test_causal_lm.py
+test-oldest-transformers: $(OLDEST_VENV)/.installed
+	$(OLDEST_VENV)/bin/python -c 'import transformers; assert transformers.__version__ == "$(OLDEST_TRANSFORMERS)", transformers.__version__'
+	$(OLDEST_VENV)/bin/python -m pytest -q tests/test_imports.py tests/conformance/test_causal_lm.py \
+		tests/conformance/test_assisted_decoding.py
 
 # int8 weights through torchao (the "quantization" extra), from a folder put ahead of the venv's own, as above: the
 # main venv stays without it, since transformers imports torchao with every model class when it is installed.
@@ -93,4 +104,4 @@ bench: venv
 	$(PY) benchmarks/train_throughput.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(OLDEST_DIR) $(QUANTIZATION_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OLDEST_VENV) $(QUANTIZATION_DIR) runs site build dist src/*.egg-info .pytest_cache .ruff_cache

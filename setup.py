@@ -14,8 +14,11 @@ setup(
     install_requires=[
         # install torch first (the CPU wheel) so that this range does not pull a multi-GB CUDA build
         "torch>=2.4",
-        # 5.0-5.3 cannot import ssmhub (huggingface_hub @strict on configs); make test-oldest-transformers
-        "transformers>=5.4.0,<6",
+        # tested with 5.14.0 (make test-oldest-transformers, in a venv of its own) and 5.25.0 (the main venv, the
+        # newest on 2026-12-05). Before 5.14, assisted and prompt-lookup decoding overshoot max_new_tokens when every
+        # candidate is accepted near the end, and prompt lookup fails on a model without eos_token_id (transformers'
+        # own bugs, GPT-2 alike); 5.0-5.3 cannot import ssmhub (huggingface_hub @strict on configs)
+        "transformers>=5.14.0,<6",
         "accelerate>=1.0",
         "datasets>=3.0",
         "tokenizers>=0.20",
@@ -30,6 +33,7 @@ setup(
             "pytest>=8",
             "pytest-timeout",
             "pytest-random-order",  # make test-portable shuffles the order (inert without --random-order)
+            "pytest-xdist",  # make test and test-portable run the suite in TEST_WORKERS processes
             "ruff>=0.6",
             "tensorboard",
             "peft>=0.17",  # examples/peft (LoRA); depends on torch, which the Makefile installs first (CPU wheel)

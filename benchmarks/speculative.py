@@ -22,6 +22,10 @@ same for the whole ``generate`` call, prefill included; verifier forwards per ge
 both ways (they must). No method stops at an end-of-text token (:func:`without_eos`).
 
 Run: ``python benchmarks/speculative.py`` after ``benchmarks/pg19_context.py`` has trained its models.
+
+``--mamba-peer`` measures instead ssmhub's rollback against transformers' own (5.25) on one transformers Mamba
+folder, each library decoding it greedily and with prompt lookup (:mod:`_speculative_mamba`; no trained model
+needed): ``python benchmarks/speculative.py --mamba-peer --name speculative_mamba_peer``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from ssmhub.models.cache_argument import CACHE_FIELD
 from ssmhub.tokenization import encode_document
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import markdown_table, median, write_report
+from _report import markdown_table, median, report, write_report
+from _speculative_mamba import mamba_peer_sections
 
 SCRIPT_NAME = "speculative"
 
@@ -62,6 +67,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default=SCRIPT_NAME, help="results/<name>.md")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--mamba-peer", action="store_true", help="ssmhub's rollback against transformers' Mamba's")
+    p.add_argument("--peer-width", type=int, default=256, help="--mamba-peer: the Mamba's hidden_size")
+    p.add_argument("--peer-layers", type=int, default=4, help="--mamba-peer: its layers")
+    p.add_argument("--peer-vocab", type=int, default=1024, help="--mamba-peer: its vocabulary")
+    p.add_argument("--peer-prompt", type=int, default=128, help="--mamba-peer: |P|, prompt P + greedy(P)[:T/2] + P")
     return p.parse_args(argv)
 
 
@@ -219,6 +229,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.mamba_peer:
+        report(args, "Speculative decoding: ssmhub's rollback against transformers' Mamba's", mamba_peer_sections(args))
+        return
     model_folder = Path(args.model)
     draft_folder = Path(args.draft or f"runs/speculative/{model_folder.name}-draft")
     if not (draft_folder / "model.safetensors").exists():

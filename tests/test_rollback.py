@@ -169,3 +169,25 @@ def test_deactivating_replays_a_deferred_crop_and_drops_the_records():
     cache.crop(-1)
     cache.deactivate_past_recording()
     assert not cache.record_past and cache.get(0)["s"].eq(5).all() and cache.get_seq_length() == 5
+
+
+def test_transformers_protocol_recurrent_states_to_keep_widens_every_forwards_reach():
+    """transformers 5.25 calls ``activate_past_recording(recurrent_states_to_keep=n)`` and reads
+    ``get_recurrent_states_to_keep`` / ``is_recording_past``: a forward whose own reach is one token can then be
+    cropped back n tokens; a later call without the number keeps it, and a bad one names the argument."""
+    cache = RecurrentCache(1)
+    assert cache.get_recurrent_states_to_keep() == 0 and not cache.is_recording_past(0)
+    cache.update(0, {"s": torch.zeros(1, 2)})
+    cache.activate_past_recording(recurrent_states_to_keep=3)
+    cache.activate_past_recording()
+    assert cache.get_recurrent_states_to_keep() == 3 and cache.get_recurrent_states_to_keep(0) == 3
+    assert cache.is_recording_past(0)
+    _forward(cache, [1, 2, 3, 4, 5, 6, 7, 8], reach=1)
+    assert cache.rollback_lengths() == [5, 6, 7, 8]
+    cache.crop(-3)
+    assert cache.get(0)["s"].eq(5).all() and cache.get_seq_length() == 5
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="recurrent_states_to_keep must be a non-negative integer"):
+            cache.activate_past_recording(recurrent_states_to_keep=bad)
+    cache.deactivate_past_recording()
+    assert cache.get_recurrent_states_to_keep() == 0 and not cache.is_recording_past()

@@ -65,6 +65,18 @@ def test_save_pretrained_and_auto_reload(tokenizer, tmp_path):
         load_tokenizer(tmp_path / "missing")
 
 
+def test_trained_tokenizer_has_a_plain_chat_template_that_survives_a_save(tokenizer, tmp_path):
+    """A chat request to a served model needs a template (vLLM answers HTTP 400 without one): the turns as plain
+    text, ending with the assistant's cue; ``chat_template=None`` leaves it out."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    expected = "system: Be brief.\nuser: Hello\nassistant:"
+    assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == expected
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == expected
+    assert train_bpe_tokenizer(["a b c"] * 5, vocab_size=300, chat_template=None).chat_template is None
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_batched_padding(side):
     tok = train_bpe_tokenizer(SENTENCES, vocab_size=300, padding_side=side)

@@ -12,7 +12,8 @@ through time calls :meth:`RecurrentCache.detach_` between windows, which cuts th
 
 It travels through ``generate`` as ``cache`` (``past_key_values`` before transformers 5.24). Only the
 few hooks ``generate`` uses are implemented (``get_seq_length``, ``is_linear``, ``reorder_cache``, and for
-assisted and prompt-lookup decoding ``activate_past_recording``, ``is_croppable`` and ``crop``), so it does
+assisted and prompt-lookup decoding ``activate_past_recording``, ``is_croppable``, ``crop``, and since
+transformers 5.25 ``get_recurrent_states_to_keep`` and ``is_recording_past``), so it does
 not depend on the internals of transformers' ``Cache`` classes, which changed five times in two years.
 
 Rollback (assisted decoding): a recurrent state cannot be rewound, so :meth:`RecurrentCache.
@@ -166,13 +167,38 @@ class RecurrentCache:
         return self
 
     # ----------------------------------------------------------------------------- rollback (ssmhub.rollback)
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None) -> None:
         """Keep, from the next forward on, the states a :meth:`crop` can return to (transformers' assisted
         decoding calls this on the verifier's cache; ssmhub's ``generate`` on the verifier's and an assistant's,
         :func:`ssmhub.models.generation.record_for_assisted_decoding`): the cache gets a
-        :class:`~ssmhub.rollback.Rollback`, or keeps the one it has."""
+        :class:`~ssmhub.rollback.Rollback`, or keeps the one it has.
+
+        Args:
+            recurrent_states_to_keep: transformers' protocol (5.25): a crop may remove up to this many of a
+                forward's last tokens. transformers' own linear-attention layers compute and keep that many
+                intermediate states; ssmhub keeps the states before the forward and its inputs, and a crop replays
+                the kept tokens (:mod:`ssmhub.rollback`), which is exact at every state kind (attention keys, shift
+                windows, modal, block and resampled states). None leaves the number as it was (0 at first: each
+                forward's own reach, :func:`~ssmhub.models.generation.rollback_reach`).
+        """
+        keep = recurrent_states_to_keep
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            raise ValueError(f"recurrent_states_to_keep must be a non-negative integer or None; got {keep!r}")
         if self.rollback is None:
             self.rollback = Rollback()
+        if keep is not None:
+            self.rollback.states_to_keep = keep
+
+    def is_recording_past(self, layer_idx: int = 0) -> bool:
+        """transformers' ``Cache.is_recording_past``: whether forwards keep what a :meth:`crop` returns to (every
+        layer alike)."""
+        return self.record_past
+
+    def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
+        """transformers' ``Cache.get_recurrent_states_to_keep`` (5.25): how many of a forward's last tokens a crop
+        may remove, as set by :meth:`activate_past_recording`; 0 when not recording. ssmhub's layers never read it:
+        the rollback records the states before a forward instead of the layers computing intermediate ones."""
+        return self.rollback.states_to_keep if self.rollback is not None else 0
 
     def deactivate_past_recording(self) -> None:
         """Stop recording and drop every record (ordinary decoding keeps none), after replaying what a deferred

@@ -172,16 +172,23 @@ class Rollback:
     ahead of its own in one pass; until then the cache counts them but its states are those before them (only
     :meth:`settle` and that forward read them). For a caller that runs a forward after every crop, as transformers'
     assisted decoding does; off, a crop replays at once and the cache can be read right after it.
+
+    ``states_to_keep``: transformers' ``recurrent_states_to_keep`` (5.25), the number of a forward's last tokens a
+    crop may remove whatever the forward's own reach (:func:`ssmhub.models.generation.rollback_reach`); 0 adds none.
     """
 
-    def __init__(self, defer_replay: bool = False):
+    def __init__(self, defer_replay: bool = False, states_to_keep: int = 0):
         self.defer_replay = defer_replay
+        self.states_to_keep = states_to_keep
         self.records: list[_Record] = []  # the recorded pieces since the last crop, oldest first
         self.pending: _Record | None = None  # the kept part of a record that a deferred crop has not replayed
 
     def __repr__(self) -> str:
         pending = 0 if self.pending is None else self.pending.inputs.shape[1]
-        return f"Rollback(records={len(self.records)}, pending_replay={pending}, defer_replay={self.defer_replay})"
+        return (
+            f"Rollback(records={len(self.records)}, pending_replay={pending}, defer_replay={self.defer_replay}, "
+            f"states_to_keep={self.states_to_keep})"
+        )
 
     def forward(self, layers: LayerPass, hidden_states, mask, cache, *, use_cache: bool, packed: bool, reach: int):
         """The layer pass of a forward on ``cache`` (:func:`run_with_rollback`): the tokens a deferred crop kept run
@@ -215,12 +222,12 @@ class Rollback:
         self.records.append(recording.record(first + start, inputs, mask, layers))
         return outputs
 
-    @staticmethod
-    def _recorded(num_tokens: int, reach: int) -> int:
-        """How many of a pass's ``num_tokens`` tokens a crop may remove afterwards: its last ``reach``."""
+    def _recorded(self, num_tokens: int, reach: int) -> int:
+        """How many of a pass's ``num_tokens`` tokens a crop may remove afterwards: its last ``reach``, or
+        :attr:`states_to_keep` if more."""
         if isinstance(reach, bool) or not isinstance(reach, int) or reach < 0:
             raise ValueError(f"rollback must be a non-negative integer; got {reach!r}")
-        return min(num_tokens, reach)
+        return min(num_tokens, max(reach, self.states_to_keep))
 
     def settle(self, cache) -> None:
         """Replay the tokens a deferred crop kept (one pass through the layers): the states are then those after

@@ -19,6 +19,7 @@ __all__ = [
     "DOCUMENT_PIECE_CHARS",
     "ENDOFTEXT",
     "PAD_TOKEN",
+    "PLAIN_CHAT_TEMPLATE",
     "encode_document",
     "encode_documents",
     "ensure_pad_token",
@@ -31,6 +32,13 @@ ENDOFTEXT = "<|endoftext|>"
 # The pad token of ssmhub's tokenizers, distinct from EOS: transformers' DataCollatorForLanguageModeling
 # sets the label of every pad-id token to -100, so with pad = eos a fine-tuned model never learns to stop.
 PAD_TOKEN = "<|pad|>"
+# The chat template of ssmhub's trained tokenizers: a base language model has no chat format of its own, so a chat
+# is laid out as plain text ("user: Hello\nassistant:"), which is what a chat request to a served model
+# (apply_chat_template, vLLM's chat completions) needs a template for.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 _BYTE_ALPHABET_SIZE = 256
 
 
@@ -42,6 +50,7 @@ def train_bpe_tokenizer(
     min_frequency: int = 2,
     model_max_length: int | None = None,
     pad_token: str | None = PAD_TOKEN,
+    chat_template: str | None = PLAIN_CHAT_TEMPLATE,
 ) -> PreTrainedTokenizerFast:
     """Train a GPT-2 style byte-level BPE on ``texts``.
 
@@ -63,6 +72,8 @@ def train_bpe_tokenizer(
         min_frequency: a pair must occur this often to be merged.
         model_max_length: recorded on the tokenizer (None: no limit, right for recurrent models).
         pad_token: the pad token, added after ``special_tokens`` unless it is one of them; None: the eos.
+        chat_template: the Jinja template of ``apply_chat_template`` and of chat requests to a served model
+            (:data:`PLAIN_CHAT_TEMPLATE`: the turns as plain text); None: no chat template.
     """
     special_tokens = list(special_tokens)
     if not special_tokens:
@@ -102,6 +113,7 @@ def train_bpe_tokenizer(
         pad_token=pad_token if pad_token is not None else eos,
         padding_side=padding_side,
         clean_up_tokenization_spaces=False,
+        chat_template=chat_template,
         **kwargs,
     )
 

@@ -56,6 +56,20 @@ def test_generate_from_inputs_embeds_gives_the_tokens_of_the_ids_that_made_them(
     assert torch.equal(from_embeds, from_ids[:, ids.shape[1] :])  # integer token ids
 
 
+@torch.no_grad()
+def test_generate_from_inputs_embeds_beside_empty_input_ids(causal_lm):
+    """``generate(input_ids=<(B, 0) ids>, inputs_embeds=E(ids))``, as transformers' GPT-2 and Mamba take it: the
+    embeddings are the prompt and the output holds only the new tokens, those of ``generate(ids)``. Rows that
+    disagree are refused naming both arguments."""
+    ids = random_ids(2, 6)
+    embeds = causal_lm.get_input_embeddings()(ids)
+    options = {"max_new_tokens": 4, "do_sample": False}
+    beside_empty = causal_lm.generate(input_ids=ids[:, :0], inputs_embeds=embeds, **options)
+    assert torch.equal(beside_empty, causal_lm.generate(ids, **options)[:, ids.shape[1] :])  # integer token ids
+    with pytest.raises(ValueError, match=r"input_ids has shape \(1, 0\) and inputs_embeds .* same number of rows"):
+        causal_lm.generate(input_ids=ids[:1, :0], inputs_embeds=embeds, **options)
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("config_class", [classes["AutoConfig"] for classes in FAMILIES.values()], ids=str)
 def test_every_usual_width_builds_with_the_default_options(config_class, width):

@@ -59,6 +59,35 @@ def test_from_pretrained_of_a_mamba_folder_and_greedy_text(mamba, tmp_path):
         torch.testing.assert_close(reloaded(prompt).logits, serpent(prompt).logits)
 
 
+def test_prompt_lookup_on_a_mamba_folder_gives_transformers_mamba_greedy_tokens(tmp_path):
+    """ssmhub's loading of a transformers Mamba folder decodes with prompt lookup (its rollback,
+    :mod:`ssmhub.rollback`) the tokens transformers' Mamba decodes greedily, and its own greedy ones. The prompt
+    repeats itself, so that lookup proposes candidates from its second half on; the weights are spread (std 0.5) so
+    that greedy decoding does not just repeat the last token.
+
+    transformers' own Mamba with prompt lookup (5.25) is not the reference: its verification forward runs the
+    tokens before its last ``recurrent_states_to_keep`` through a selective scan that does not read the cached state
+    (``modeling_mamba.py``: "it is WRONG if the cache is not empty"), and leaves its greedy tokens here
+    (benchmarks/results/speculative.md)."""
+    torch.manual_seed(0)
+    config = MambaConfig(vocab_size=64, hidden_size=32, state_size=8, num_hidden_layers=2, use_mambapy=False)
+    mamba = MambaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in mamba.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(std=0.5)
+    mamba.save_pretrained(tmp_path / "mamba")
+    serpent = ssmhub.SerpentForCausalLM.from_pretrained(tmp_path / "mamba")
+    half = torch.randint(3, 64, (1, 9), generator=torch.Generator().manual_seed(1))
+    prompt = torch.cat([half, half, half[:, :3]], dim=1)  # (1, 21)
+    options = {"max_new_tokens": 16, "min_new_tokens": 16, "do_sample": False}
+    with torch.no_grad():
+        expected = mamba.generate(prompt, **options)
+        got = serpent.generate(prompt, prompt_lookup_num_tokens=3, **options)
+        greedy = serpent.generate(prompt, **options)
+    assert torch.equal(got, expected) and torch.equal(got, greedy)  # greedy token ids
+
+
 def test_convert_and_save(mamba, tmp_path):
     ssmhub.convert_mamba_checkpoint(mamba, save_directory=tmp_path / "out")
     config = ssmhub.SerpentConfig.from_pretrained(tmp_path / "out")

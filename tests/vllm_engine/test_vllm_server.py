@@ -22,10 +22,9 @@ import openai
 import torch
 
 import ssmhub
-from ssmhub.tokenization import train_bpe_tokenizer
+from ssmhub.tokenization import PLAIN_CHAT_TEMPLATE, train_bpe_tokenizer
 
 TEXTS = ["the cat sat on the mat .", "a dog ran in the park .", "the history of the world is long ."] * 20
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 START_TIMEOUT_S = 300
 
 
@@ -37,8 +36,7 @@ def _free_port() -> int:
 
 def _folder(path: Path, chat_template: str | None) -> Path:
     torch.manual_seed(0)
-    tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300)
-    tokenizer.chat_template = chat_template
+    tokenizer = train_bpe_tokenizer(TEXTS, vocab_size=300, chat_template=chat_template)
     config = ssmhub.DLRConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, state_size=8,
                               pad_token_id=tokenizer.pad_token_id, eos_token_id=None, bos_token_id=None)  # fmt: skip
     ssmhub.DLRForCausalLM(config).save_pretrained(path)
@@ -90,7 +88,7 @@ def _serving(root: Path, chat_template: str | None):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with _serving(tmp_path_factory.mktemp("served"), CHAT_TEMPLATE) as running:
+    with _serving(tmp_path_factory.mktemp("served"), PLAIN_CHAT_TEMPLATE) as running:
         yield running
 
 

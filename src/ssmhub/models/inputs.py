@@ -63,10 +63,21 @@ def check_generation_prompt(
 
     An empty prompt (``input_ids`` of shape (B, 0)) would otherwise fail deep inside transformers'
     ``generate`` with an IndexError; a recurrent model has no state to continue from without at least
-    one token. None (no prompt) is left to transformers, which starts from ``bos_token_id``.
+    one token. None (no prompt) is left to transformers, which starts from ``bos_token_id``. ``input_ids`` of
+    shape (B, 0) beside non-empty ``inputs_embeds`` is a prompt given as embeddings (the ids only collect the
+    generated tokens), as transformers' GPT-2 and Mamba take it.
     """
+    given_as_embeddings = isinstance(inputs_embeds, torch.Tensor) and inputs_embeds.dim() == 3
+    given_as_embeddings = given_as_embeddings and inputs_embeds.shape[1] > 0
     for name, prompt in (("input_ids", input_ids), ("inputs_embeds", inputs_embeds)):
         if not isinstance(prompt, torch.Tensor) or prompt.dim() < 2:
+            continue
+        if name == "input_ids" and given_as_embeddings and prompt.shape[1] == 0:
+            if prompt.shape[0] != inputs_embeds.shape[0]:
+                raise ValueError(
+                    f"input_ids has shape {tuple(prompt.shape)} and inputs_embeds {tuple(inputs_embeds.shape)}: "
+                    f"they must have the same number of rows"
+                )
             continue
         if prompt.shape[1] == 0:
             bos = "a BOS token" if bos_token_id is None else f"a BOS token (bos_token_id={bos_token_id})"
