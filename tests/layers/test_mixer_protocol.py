@@ -92,6 +92,39 @@ def test_a_state_of_the_wrong_layout_is_refused_before_any_work(mixer):
         mixer(_inputs(2, 3)[..., :-1])
 
 
+def test_a_step_from_coefficients_formed_once_is_the_step(mixer):
+    """The step coefficients formed once and handed to step (what a serving engine does for its decode rows) change
+    no bit: the same operations on the same inputs."""
+    with torch.no_grad():
+        _, state = mixer(_inputs(2, 4), return_state=True)
+        x_t = _inputs(2, 1, seed=2)[:, 0]
+        y, new = mixer.step(x_t, state)
+        y_given, new_given = mixer.step(x_t, state, mixer.step_coefficients())
+    assert y_given.equal(y) and new_given.keys() == new.keys()
+    assert all(new_given[name].equal(value) for name, value in new.items())
+
+
+def test_step_coefficients_are_kept_until_a_parameter_changes(mixer):
+    """Decoding forms the step coefficients once (:meth:`kept_step_coefficients`): the same tensors from step to step
+    without gradients; an in-place update of the parameters (an optimizer step, a load) forms them again, equal to
+    fresh ones; with gradients on they are formed anew (a kept value would carry a stale graph)."""
+    with torch.no_grad():
+        first = mixer.kept_step_coefficients()
+        if not first:  # a mixer whose step derives nothing from its parameters alone
+            return
+        assert mixer.kept_step_coefficients() is first
+        before = {name: value.clone() for name, value in first.items()}
+        for parameter in mixer.parameters():
+            parameter.mul_(1.5)
+        again = mixer.kept_step_coefficients()
+        fresh = mixer.step_coefficients()
+    assert again is not first and again.keys() == fresh.keys()
+    assert all(again[name].equal(fresh[name]) for name in fresh)  # the same operations on the same inputs
+    assert any(not again[name].equal(before[name]) for name in before)
+    with torch.enable_grad():
+        assert mixer.kept_step_coefficients() is not again
+
+
 def test_packed_documents_equal_each_document_alone(mixer):
     """A row holding documents of lengths 3, 4, 2 back to back gives, on every position, what each document
     gives when run alone from the start; its final state continues as the last document's does (attention keeps

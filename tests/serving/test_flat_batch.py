@@ -92,11 +92,12 @@ def test_flat_batch_equals_each_request_alone(name):
             same_values(stored, value[0].to(stored.dtype), rel=MODEL_REL, what=f"{name} {request} {field}")
 
 
-@pytest.mark.parametrize("name", ["dlr", "serpent", "serpent-mamba"])
+@pytest.mark.parametrize("name", ["dlr", "serpent", "serpent-mamba", "h3", "h3-ssm"])
 def test_compiled_decode_rows_equal_eager(name):
     """:func:`compiled_decode` (what the vLLM plugin runs unless vLLM is eager; DLR's state is one tensor, fused
-    whole; SeRpEnt's and Mamba's several, the step compiled alone): the same outputs and slot states as eager, a new
-    row reset, other slots untouched; float32 round-off apart (fused, reordered sums)."""
+    whole; SeRpEnt's, Mamba's and H3's several, the step compiled alone, from step coefficients formed eagerly): the
+    same outputs and slot states as eager, a new row reset, other slots untouched; float32 round-off apart (fused,
+    reordered sums)."""
     mixer = _mixer(name)
     eager, compiled = _tables(mixer, 8), _tables(mixer, 8)
     for name_, value in compiled.items():
@@ -107,7 +108,9 @@ def test_compiled_decode_rows_equal_eager(name):
     with torch.no_grad():
         for _ in range(3):
             x = torch.randn(3, mixer.hidden_size, generator=g)
-            same_values(step(mixer, x, compiled, slots, new), decode_rows(mixer, x, eager, slots, new), rel=MODEL_REL)
+            coefficients = mixer.step_coefficients()  # formed eagerly, inputs of the graph (as the plugin runs it)
+            y = step(mixer, x, compiled, slots, new, coefficients)
+            same_values(y, decode_rows(mixer, x, eager, slots, new), rel=MODEL_REL)
     for field, value in eager.items():
         same_values(compiled[field], value, rel=MODEL_REL, what=f"{name} {field}")
 

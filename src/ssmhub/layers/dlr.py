@@ -26,7 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.dlr import dlr_init, dlr_kernel, dlr_scan, dlr_scan_recurrent, dlr_step, kronecker_dlr
+from ..ops.dlr import (
+    dlr_init,
+    dlr_kernel,
+    dlr_scan,
+    dlr_scan_recurrent,
+    dlr_step_coefficients,
+    dlr_step_with,
+    kronecker_dlr,
+)
 from ..ops.fftconv import fft_conv
 from .dlr_options import DLROptions
 from .initial_values import fill_initial_values
@@ -126,6 +134,11 @@ class DLRMixer(TokenMixer):
         log_modulus = -(self.ssm.log_lambda_re[lam].float() ** 2)  # log|Λ| = -(logΛ_re)²
         return log_modulus, self.ssm.log_lambda_im[lam].float(), w
 
+    @property
+    def _readout(self) -> str:
+        """How the recurrence's state is read out: Re<w, x> (Eq. 1), or Im/2 for DLR-prod's Kronecker form."""
+        return "half_imag" if self.kernel_type == "prod" else "real"
+
     def _recurrence(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
         """The diagonal recurrence that decodes this layer: ``(log|Λ|, arg Λ, w, readout)``.
 
@@ -134,10 +147,10 @@ class DLRMixer(TokenMixer):
         step (``torch.compile``, ``torch.export``) builds it in its graph.
         """
         if self.kernel_type != "prod":
-            return (*self._modal_form(0), "real")
+            return (*self._modal_form(0), self._readout)
 
         def build():
-            return (*kronecker_dlr(*self._modal_form(0)), "half_imag")
+            return (*kronecker_dlr(*self._modal_form(0)), self._readout)
 
         if not can_keep():
             return build()
@@ -190,8 +203,15 @@ class DLRMixer(TokenMixer):
             y, final = dlr_scan(u, log_modulus, phase, w, kernel, readout, initial, return_state)  # (B, H, L)
         return self._output(x, y.transpose(1, 2)), ({"dlr_state": final} if return_state else None)
 
+    def step_coefficients(self):
+        """Λ and w of the recurrence as float32 planes (:func:`~ssmhub.ops.dlr.dlr_step_coefficients`)."""
+        log_modulus, phase, w, _ = self._recurrence()
+        return dlr_step_coefficients(log_modulus, phase, w)
+
     def _step(self, x_t, state, mask_t):
         """One token, O(H·N): x_{k} = Λ x_{k-1} + u_k (Eq. 1), read out as the convolution's output."""
-        log_modulus, phase, w, readout = self._recurrence()
-        y_t, new_state = dlr_step(x_t, state["dlr_state"], log_modulus, phase, w, readout)
+        return self._step_with(x_t, state, mask_t, self.step_coefficients())
+
+    def _step_with(self, x_t, state, mask_t, coefficients):
+        y_t, new_state = dlr_step_with(x_t, state["dlr_state"], coefficients, self._readout)
         return self._output(x_t.unsqueeze(1), y_t.unsqueeze(1))[:, 0], {"dlr_state": new_state}

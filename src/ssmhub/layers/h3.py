@@ -239,11 +239,23 @@ class H3Mixer(TokenMixer):
             final = conv_window(history, k).transpose(1, 2).contiguous()  # (B, d, S − 1)
         return k_shift.transpose(1, 2), final
 
+    def step_coefficients(self):
+        """The shift kernel's taps and skip (``shift.kernel``, ``shift.skip``) and the long convolution's
+        :meth:`~ssmhub.layers.h3_convolutions.H3Convolution.step_coefficients` (its modal λ, or its kernel)."""
+        shift = {"shift.kernel": self.shift_kernel()}
+        if self.shift_conv.skip is not None:
+            shift["shift.skip"] = self.shift_conv.skip
+        return {**shift, **self.convolution.step_coefficients()}
+
     def _step(self, x_t, state, mask_t):
         """One token: O(d·(shift_kernel_size + d_h·max_kernel_length)) work, O(d·d_h·N) when modal."""
+        return self._step_with(x_t, state, mask_t, self.step_coefficients())
+
+    def _step_with(self, x_t, state, mask_t, coefficients):
         q, k, v = self._qkv(x_t, mask_t)  # (B, d) each
-        k_shift, shift_state = causal_conv_step(k, state["shift_state"], self.shift_kernel(), self.shift_conv.skip)
-        o, kv_state = self._mix(q, k_shift, v, lambda kv: self.convolution.step(kv, state))  # (B, d)
+        shift_taps, shift_skip = coefficients["shift.kernel"], coefficients.get("shift.skip")
+        k_shift, shift_state = causal_conv_step(k, state["shift_state"], shift_taps, shift_skip)
+        o, kv_state = self._mix(q, k_shift, v, lambda kv: self.convolution.step(kv, state, coefficients))  # (B, d)
         return self.out_proj(o.to(x_t.dtype)), {"shift_state": shift_state, **kv_state}
 
     def extra_repr(self) -> str:

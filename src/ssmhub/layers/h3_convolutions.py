@@ -10,7 +10,8 @@ Per head h, ``s = K_h ∗ u + D_h ⊙ u`` on inputs ``u`` (…, H, L) (in the la
 - :class:`DistilledConvolution`: a learned kernel fitted in modal form (:mod:`ssmhub.layers.h3_distillation`),
   each head with its own order, the heads no order fits left exact on their window.
 
-All three have the interface of :class:`H3Convolution` (``convolve``, ``step``, ``state_layout``, ``kernel``), and
+All three have the interface of :class:`H3Convolution` (``convolve``, ``step_coefficients``, ``step``,
+``state_layout``, ``kernel``), and
 :func:`long_convolution` is the one place that picks the form from the layer's options. A form is a plain object
 over the layer's modules (``long_conv``, and ``ssm`` when distilled), which hold the parameters and buffers under
 the names saved models have, so it never holds a tensor of its own: a cast or a loaded state reaches it.
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from ..ops.longconv import causal_conv, causal_conv_step
-from ..ops.modal import ModalKernel, modal_kernel, modal_scan, modal_step
+from ..ops.modal import ModalKernel, modal_kernel, modal_scan, modal_step_coefficients, modal_step_with
 from .diagonal_ssm import DiagonalSSMKernel
 from .h3_distillation import ModalForm
 from .h3_options import H3Options
@@ -80,8 +81,16 @@ class H3Convolution:
         """u (…, H, L) -> (s (…, H, L) float32, {name: final state or None}), continuing from ``state``."""
         raise NotImplementedError
 
-    def step(self, u_t: torch.Tensor, state: MixerState):
-        """One token: u_t (…, H) -> (s_t (…, H) float32, {name: new state})."""
+    def step_coefficients(self) -> MixerState:
+        """Everything :meth:`step` reads from the parameters, ``{name: tensor}``: formed once for many steps."""
+        raise NotImplementedError
+
+    def step(self, u_t: torch.Tensor, state: MixerState, coefficients: MixerState | None = None):
+        """One token: u_t (…, H) -> (s_t (…, H) float32, {name: new state}), from :meth:`step_coefficients` formed
+        already (None: formed here)."""
+        return self._step(u_t, state, self.step_coefficients() if coefficients is None else coefficients)
+
+    def _step(self, u_t: torch.Tensor, state: MixerState, coefficients: MixerState):
         raise NotImplementedError
 
     def state_layout(self, lead: tuple[int, ...]) -> StateLayout:
@@ -117,9 +126,11 @@ class WindowConvolution(H3Convolution):
         )
         return s, {"kv_state": final}
 
-    def step(self, u_t, state):
-        kernel = self.long_conv(self.long_conv.max_kernel_length)
-        s, new = causal_conv_step(u_t, state["kv_state"], kernel, self.long_conv.skip)
+    def step_coefficients(self):
+        return {"kernel": self.long_conv(self.long_conv.max_kernel_length), "skip": self.long_conv.skip}
+
+    def _step(self, u_t, state, coefficients):
+        s, new = causal_conv_step(u_t, state["kv_state"], coefficients["kernel"], coefficients["skip"])
         return s, {"kv_state": new}
 
     def state_layout(self, lead):
@@ -140,12 +151,21 @@ def _modal_convolve(u, form: ModalKernel, skip, initial_state, return_state: boo
     return y, None if final is None else final.reshape(*lead, count, -1)
 
 
-def _modal_step(u_t, form: ModalKernel, skip, state):
-    """One token of :func:`_modal_convolve`: u_t (…, H') -> (y_t like u_t, new state (…, H', N))."""
+def _modal_coefficients(form: ModalKernel, skip: torch.Tensor, prefix: str = "") -> MixerState:
+    """What :func:`_modal_step` reads: ``form``'s :func:`~ssmhub.ops.modal.modal_step_coefficients` and the skip
+    (H',), each name behind ``prefix``."""
+    coefficients = {**modal_step_coefficients(form), "skip": skip.float()}
+    return {prefix + name: value for name, value in coefficients.items()}
+
+
+def _modal_step(u_t, coefficients: MixerState, state, prefix: str = ""):
+    """One token of :func:`_modal_convolve` from :func:`_modal_coefficients`: u_t (…, H') -> (y_t like u_t,
+    new state (…, H', N))."""
     lead, count = u_t.shape[:-1], u_t.shape[-1]
     rows = math.prod(lead)
-    y, new_state = modal_step(u_t.reshape(rows, count), state.reshape(rows, count, -1), form)
-    return y.reshape(u_t.shape) + skip.float() * u_t, new_state.reshape(*lead, count, -1)
+    ours = {name[len(prefix) :]: value for name, value in coefficients.items() if name.startswith(prefix)}
+    y, new_state = modal_step_with(u_t.reshape(rows, count), state.reshape(rows, count, -1), ours)
+    return y.reshape(u_t.shape) + ours["skip"] * u_t, new_state.reshape(*lead, count, -1)
 
 
 class DiagonalSSMConvolution(H3Convolution):
@@ -167,8 +187,11 @@ class DiagonalSSMConvolution(H3Convolution):
         s, final = _modal_convolve(u, self.modal_form(), self.long_conv.skip, _entry(state, "kv_state"), return_state)
         return s, {"kv_state": final}
 
-    def step(self, u_t, state):
-        s, new = _modal_step(u_t, self.modal_form(), self.long_conv.skip, state["kv_state"])
+    def step_coefficients(self):
+        return _modal_coefficients(self.modal_form(), self.long_conv.skip)
+
+    def _step(self, u_t, state, coefficients):
+        s, new = _modal_step(u_t, coefficients, state["kv_state"])
         return s, {"kv_state": new}
 
     def state_layout(self, lead):
@@ -260,15 +283,33 @@ class DistilledConvolution(H3Convolution):
             )
         return s, parts
 
-    def step(self, u_t, state):
-        s, parts = torch.empty_like(u_t, dtype=torch.float32), {}
+    def step_coefficients(self):
+        """Per state ``name`` of :meth:`groups`: its heads (``name.heads``) and their modal coefficients
+        (``name.lambda_re``, …); for the heads left exact, ``kv_window.heads``, their kernel and skip. The step
+        reads its head layout from these alone, so a compiled step never reads the fit's buffers back."""
+        coefficients = {}
         for name, order, heads in self.groups():
-            form, skip = self.modal_form(heads, order), self.long_conv.skip[heads]
-            s[..., heads], parts[name] = _modal_step(u_t[..., heads], form, skip, state[name])
+            coefficients[f"{name}.heads"] = heads
+            coefficients.update(
+                _modal_coefficients(self.modal_form(heads, order), self.long_conv.skip[heads], f"{name}.")
+            )
         _, exact = self.head_split()
         if exact.numel():
-            kernel, skip = self.long_conv(self.long_conv.max_kernel_length)[exact], self.long_conv.skip[exact]
-            s[..., exact], parts["kv_window"] = causal_conv_step(u_t[..., exact], state["kv_window"], kernel, skip)
+            coefficients["kv_window.heads"] = exact
+            coefficients["kv_window.kernel"] = self.long_conv(self.long_conv.max_kernel_length)[exact]
+            coefficients["kv_window.skip"] = self.long_conv.skip[exact]
+        return coefficients
+
+    def _step(self, u_t, state, coefficients):
+        s, parts = torch.empty_like(u_t, dtype=torch.float32), {}
+        names = [key[: -len(".heads")] for key in coefficients if key.endswith(".heads")]
+        for name in names:
+            heads = coefficients[f"{name}.heads"]
+            if name == "kv_window":
+                kernel, skip = coefficients["kv_window.kernel"], coefficients["kv_window.skip"]
+                s[..., heads], parts[name] = causal_conv_step(u_t[..., heads], state[name], kernel, skip)
+            else:
+                s[..., heads], parts[name] = _modal_step(u_t[..., heads], coefficients, state[name], f"{name}.")
         return s, parts
 
     def state_layout(self, lead):

@@ -34,14 +34,21 @@ How a new mixer joins:
    ``mask_t`` (None or (B,)) is there for a mixer that must do more at a masked position (hold its state);
 4. declare the state in ``state_layout(batch_size, dtype) -> {name: (shape, dtype)}``; ``None`` in a shape is a
    length that grows (attention's keys); :meth:`init_state` fills the layout with zeros, override it where the
-   state before the first token is not zero.
+   state before the first token is not zero;
+5. optionally, where a step derives tensors from the parameters alone (DLR's Λ in float64): return them from
+   ``step_coefficients() -> {name: tensor}`` and implement ``_step_with(x_t, state, mask_t, coefficients)``: decoding
+   then forms them once for as long as the parameters do not change (:meth:`TokenMixer.kept_step_coefficients`), and
+   a serving engine's compiled decode rows take them as inputs instead of recomputing them per row.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
+from .memo import can_keep, kept, tensor_versions
 from .packing import PackedRows, Segments
 
 __all__ = ["MixerState", "StateLayout", "TokenMixer", "check_mixer_inputs"]
@@ -76,6 +83,27 @@ class TokenMixer(nn.Module):
 
     def _step(self, x_t: torch.Tensor, state: MixerState, mask_t) -> tuple[torch.Tensor, MixerState]:
         raise NotImplementedError(f"{type(self).__name__} must implement _step")
+
+    def step_coefficients(self) -> MixerState:
+        """What every step derives from the parameters alone, as named tensors (none unless a mixer declares some);
+        :meth:`step` takes them formed already. Form them again after any parameter update."""
+        return {}
+
+    def kept_step_coefficients(self) -> MixerState:
+        """:meth:`step_coefficients`, kept between steps until a parameter or buffer of the mixer changes (its
+        storage or version counter: an optimizer step, a load, a cast; :mod:`ssmhub.layers.memo`), so that decoding
+        forms them once; formed anew while gradients are on or torch.compile traces (then in the graph)."""
+        if type(self).step_coefficients is TokenMixer.step_coefficients:
+            return {}
+        if not can_keep():
+            return self.step_coefficients()
+        key = tensor_versions(itertools.chain(self.parameters(), self.buffers()))
+        return kept(self, "_kept_step_coefficients", key, self.step_coefficients)
+
+    def _step_with(self, x_t: torch.Tensor, state: MixerState, mask_t, coefficients: MixerState):
+        """``_step`` from :meth:`step_coefficients` formed already (the same numbers); a mixer that declares
+        coefficients overrides it, and its ``_step`` forms them and calls it."""
+        return self._step(x_t, state, mask_t)
 
     def state_layout(self, batch_size: int, dtype: torch.dtype | None = None) -> StateLayout:
         """``{name: (shape, dtype)}`` of the state; ``dtype`` is the activations' (recurrent states ignore it)."""
@@ -120,18 +148,24 @@ class TokenMixer(nn.Module):
                 return self._forward(x, mask, state, return_state, rows)
             return self._forward_documents(x, mask, state, return_state, rows)
         if state is not None and x.shape[1] == 1:
-            y_t, new_state = self._step(x[:, 0], state, None if mask is None else mask[:, 0])
+            mask_t = None if mask is None else mask[:, 0]
+            y_t, new_state = self._step_with(x[:, 0], state, mask_t, self.kept_step_coefficients())
             return y_t.unsqueeze(1), (new_state if return_state else None)
         return self._forward(x, mask, state, return_state)
 
-    def step(self, x_t: torch.Tensor, state: MixerState) -> tuple[torch.Tensor, MixerState]:
+    def step(
+        self, x_t: torch.Tensor, state: MixerState, coefficients: MixerState | None = None
+    ) -> tuple[torch.Tensor, MixerState]:
         """One token: x_t (B, hidden_size) and the state after the previous token -> (y_t (B, output_size),
-        the state after x_t). Equals :meth:`forward` on the whole sequence at that position."""
+        the state after x_t). Equals :meth:`forward` on the whole sequence at that position. ``coefficients``:
+        this mixer's :meth:`step_coefficients`, formed once for many steps (None: those kept since the parameters
+        last changed, :meth:`kept_step_coefficients`)."""
         self._require_state()
         if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
             raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
         self.check_state(state, x_t.shape[0])
-        return self._step(x_t, state, None)
+        coefficients = self.kept_step_coefficients() if coefficients is None else coefficients
+        return self._step_with(x_t, state, None, coefficients)
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> MixerState:
         """The state before the first token: zeros of :meth:`state_layout` (a growing length starts at 0), on

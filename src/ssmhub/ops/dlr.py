@@ -50,6 +50,8 @@ __all__ = [
     "dlr_state_complex",
     "dlr_state_planes",
     "dlr_step",
+    "dlr_step_coefficients",
+    "dlr_step_with",
     "kronecker_dlr",
     "lambda_powers",
 ]
@@ -370,6 +372,16 @@ def dlr_scan(
     return y, final_state
 
 
+def dlr_step_coefficients(log_modulus: torch.Tensor, phase: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What every step of Eq. 1 reads that the parameters alone fix, as contiguous float32 planes: ``lambda_re``,
+    ``lambda_im`` (N,), Λ formed in float64 and then rounded (:func:`~ssmhub.ops.diagonal_step.polar_parts`), and
+    ``w_re``, ``w_im`` (H, N). Formed once for many steps (a serving engine's decode rows), they keep a compiled step
+    from recomputing Λ's float64 exp/cos/sin for every row and channel it fuses them into."""
+    lam_re, lam_im = polar_parts(log_modulus, phase)
+    w = w.float()
+    return {"lambda_re": lam_re, "lambda_im": lam_im, "w_re": w[..., 0].contiguous(), "w_im": w[..., 1].contiguous()}
+
+
 @float32_math
 def dlr_step(
     u_t: torch.Tensor,
@@ -385,11 +397,20 @@ def dlr_step(
     (B, H, 2, N). Real arithmetic throughout (:func:`~ssmhub.ops.diagonal_step.diagonal_step_planes`), so the step
     compiles into fused kernels and exports to ONNX.
     """
+    return dlr_step_with(u_t, state, dlr_step_coefficients(log_modulus, phase, w), readout)
+
+
+@float32_math
+def dlr_step_with(
+    u_t: torch.Tensor, state: torch.Tensor, coefficients: dict[str, torch.Tensor], readout: str = "real"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dlr_step` from its :func:`dlr_step_coefficients` (the same numbers: the same operations)."""
     if readout not in READOUTS:
         raise ValueError(f"readout must be one of {READOUTS}; got {readout!r}")
     x_re, x_im = state.float().unbind(-2)  # (B, H, N) each
-    lam = polar_parts(log_modulus, phase)
-    z_re, z_im, new_re, new_im = diagonal_step_planes(x_re, x_im, lam, u_t, w.unbind(-1), imag=readout != "real")
+    lam = (coefficients["lambda_re"], coefficients["lambda_im"])
+    weights = (coefficients["w_re"], coefficients["w_im"])
+    z_re, z_im, new_re, new_im = diagonal_step_planes(x_re, x_im, lam, u_t, weights, imag=readout != "real")
     return (z_re if readout == "real" else 0.5 * z_im), torch.stack([new_re, new_im], dim=-2)  # (B, H), (B, H, 2, N)
 
 

@@ -117,6 +117,8 @@ __all__ = [
     "modal_scan",
     "modal_scan_ref",
     "modal_step",
+    "modal_step_coefficients",
+    "modal_step_with",
 ]
 
 FIT_METHODS = ("hankel", "balanced", "best", "refined")
@@ -747,6 +749,22 @@ def _check_state(state: torch.Tensor, batch: int, modal: ModalKernel, name: str)
         raise ValueError(f"{name} must have shape (B, H, N) = {expected}; got {tuple(state.shape)}")
 
 
+def modal_step_coefficients(modal: ModalKernel) -> dict[str, torch.Tensor]:
+    """What every :func:`modal_step` reads that the fit alone fixes, as contiguous float32 planes: ``lambda_re``,
+    ``lambda_im`` (H, N), λ formed in float64 and then rounded (:func:`~ssmhub.ops.diagonal_step.polar_parts`),
+    ``residue_re``, ``residue_im`` (H, N) and ``d`` (H,). Formed once for many steps (a serving engine's decode
+    rows), they keep a compiled step from recomputing λ's float64 exp/cos/sin for every row it fuses them into."""
+    lam_re, lam_im = polar_parts(modal.log_modulus, modal.phase)
+    residues = modal.residues.float()
+    return {
+        "lambda_re": lam_re,
+        "lambda_im": lam_im,
+        "residue_re": residues[..., 0].contiguous(),
+        "residue_im": residues[..., 1].contiguous(),
+        "d": modal.d.float(),
+    }
+
+
 @float32_math
 def modal_step(u_t: torch.Tensor, state: torch.Tensor, modal: ModalKernel) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step, O(H·N): ``x_t = λ ⊙ x_{t-1} + u_t``, ``y_t = Re(Σ_n c_n x_t[n]) + d·u_t``.
@@ -754,13 +772,25 @@ def modal_step(u_t: torch.Tensor, state: torch.Tensor, modal: ModalKernel) -> tu
     Args: u_t (B, H) real; state (B, H, N) complex64 (``x_{t-1}``; zeros before the first token).
     Returns: y_t (B, H) float32 and the new state (B, H, N) complex64.
     """
-    if u_t.dim() != 2 or u_t.shape[-1] != modal.num_channels:
-        raise ValueError(f"u_t must have shape (B, H={modal.num_channels}); got {tuple(u_t.shape)}")
-    _check_state(state, u_t.shape[0], modal, "state")
-    lam = polar_parts(modal.log_modulus, modal.phase)  # (H, N) each, computed in fp64
-    residues = (modal.residues[..., 0].float(), modal.residues[..., 1].float())  # (H, N) each
+    return modal_step_with(u_t, state, modal_step_coefficients(modal))
+
+
+@float32_math
+def modal_step_with(
+    u_t: torch.Tensor, state: torch.Tensor, coefficients: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`modal_step` from its :func:`modal_step_coefficients` (the same numbers: the same operations)."""
+    channels, modes = coefficients["lambda_re"].shape
+    if u_t.dim() != 2 or u_t.shape[-1] != channels:
+        raise ValueError(f"u_t must have shape (B, H={channels}); got {tuple(u_t.shape)}")
+    if tuple(state.shape) != (u_t.shape[0], channels, modes):
+        raise ValueError(
+            f"state must have shape (B, H, N) = {(u_t.shape[0], channels, modes)}; got {tuple(state.shape)}"
+        )
+    lam = (coefficients["lambda_re"], coefficients["lambda_im"])  # (H, N) each
+    residues = (coefficients["residue_re"], coefficients["residue_im"])  # (H, N) each
     z_re, _, new_state = diagonal_step(state, lam, u_t, residues)  # (B, H), (B, H, N)
-    return z_re + modal.d.float() * u_t.float(), new_state
+    return z_re + coefficients["d"] * u_t.float(), new_state
 
 
 @float32_math

@@ -31,7 +31,7 @@ from ..layers.mixer import MixerState, TokenMixer
 
 __all__ = ["Decode", "FlatBatch", "compiled_decode", "decode_rows", "mix_flat_batch"]
 
-Decode = Callable[[TokenMixer, torch.Tensor, MixerState, torch.Tensor, torch.Tensor], torch.Tensor]  # decode_rows'
+Decode = Callable[[TokenMixer, torch.Tensor, MixerState, torch.Tensor, torch.Tensor, MixerState], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,29 @@ def _scatter(tables: MixerState, slots: torch.Tensor, state: MixerState) -> None
         table.index_copy_(0, slots, state[name].to(table.dtype))
 
 
-def _step(mixer: TokenMixer, x: torch.Tensor, state: MixerState) -> tuple[torch.Tensor, MixerState]:
-    return mixer.step(x, state)
+def _step(
+    mixer: TokenMixer, x: torch.Tensor, state: MixerState, coefficients: MixerState
+) -> tuple[torch.Tensor, MixerState]:
+    return mixer.step(x, state, coefficients)
 
 
 def decode_rows(
-    mixer: TokenMixer, x: torch.Tensor, tables: MixerState, slots: torch.Tensor, new: torch.Tensor, step=_step
+    mixer: TokenMixer,
+    x: torch.Tensor,
+    tables: MixerState,
+    slots: torch.Tensor,
+    new: torch.Tensor,
+    coefficients: MixerState | None = None,
+    step=_step,
 ) -> torch.Tensor:
     """Decode rows x (N, D) as one batched step: their slots' states (``new`` (N,) bool: those reset to the state
-    before a first token), ``step(mixer, x, state)`` (the mixer's own), the new states written back into the slots in
-    place. Returns (N, D_out)."""
+    before a first token), ``step(mixer, x, state, coefficients)`` (the mixer's own, from its
+    :meth:`~ssmhub.layers.mixer.TokenMixer.step_coefficients`: formed here when None), the new states written back
+    into the slots in place. Returns (N, D_out)."""
     state = _gather(tables, slots)
     if torch.compiler.is_compiling() or bool(new.any()):  # eager: skip the reset when no row needs it
         state = mixer.reset_state(state, new)
-    y, state = step(mixer, x, state)
+    y, state = step(mixer, x, state, mixer.step_coefficients() if coefficients is None else coefficients)
     _scatter(tables, slots, state)
     return y
 
@@ -125,10 +134,13 @@ def _eager_on_failure(compiled: Decode, eager: Decode) -> Decode:
 
 
 def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerState, decode: Decode) -> torch.Tensor:
-    """The decode rows, x (N, D); new requests among them start from a fresh state."""
+    """The decode rows, x (N, D); new requests among them start from a fresh state. The mixer's step coefficients
+    come from here, formed eagerly once for as long as its weights do not change
+    (:meth:`~ssmhub.layers.mixer.TokenMixer.kept_step_coefficients`), and enter a compiled ``decode`` as inputs:
+    inside its graph they would be recomputed for every row they fuse into."""
     slots = batch.slots[: batch.num_decodes]
     new = torch.tensor([not c for c in batch.continues[: batch.num_decodes]], device=slots.device)
-    return decode(mixer, x, tables, slots, new)
+    return decode(mixer, x, tables, slots, new, mixer.kept_step_coefficients())
 
 
 def _prefill(mixer: TokenMixer, x: torch.Tensor, request: int, batch: FlatBatch, tables: MixerState) -> torch.Tensor:
