@@ -63,6 +63,15 @@ def test_an_option_it_cannot_serve_fails_at_engine_start(tmp_path):
         pass
 
 
+@pytest.mark.parametrize("name", ["dlr", "mamba-transformers"])
+def test_prefix_caching_of_an_attention_free_model_fails_at_engine_start(name, tmp_path):
+    """``enable_prefix_caching=True`` (``--enable-prefix-caching``) on an attention-free folder: refused when the
+    engine is created, naming the option (it used to start, then kill its worker at the first request)."""
+    folder = save_folder(name, tmp_path / name)
+    with pytest.raises(Exception, match="enable_prefix_caching"), engine(folder, enable_prefix_caching=True):
+        pass
+
+
 @pytest.mark.parametrize("name", ["dlr", "serpent"])
 def test_a_compiled_engine_serves_the_same_model(name, tmp_path):
     """vLLM's default compilation (not ``enforce_eager``) compiles each mixer's decode step: not the same float
