@@ -89,14 +89,14 @@ def rollback_bytes_at_crops():
 @torch.inference_mode()
 def run_once(model, prompt, new_tokens: int, extra: dict):
     """(new tokens (T,), seconds, verifier forwards after the prefill, peak rollback bytes) of one generate call."""
-    lengths = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: lengths.append(1), with_kwargs=True)
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: forwards.append(m), with_kwargs=True)
     with rollback_bytes_at_crops() as peak:
         start = time.perf_counter()
         out = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, **extra)
         seconds = time.perf_counter() - start
     hook.remove()
-    return out[0, prompt.shape[1] :], seconds, len(lengths) - 1, peak[0]
+    return out[0, prompt.shape[1] :], seconds, len(forwards) - 1, peak[0]
 
 
 def echo_prompt(model, args) -> torch.Tensor:

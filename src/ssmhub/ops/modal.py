@@ -743,8 +743,8 @@ def modal_init_state(modal: ModalKernel, batch_size: int, device=None) -> torch.
     )
 
 
-def _check_state(state: torch.Tensor, batch: int, modal: ModalKernel, name: str) -> None:
-    expected = (batch, modal.num_channels, modal.num_modes)
+def _check_state(state: torch.Tensor, batch: int, channels: int, modes: int, name: str) -> None:
+    expected = (batch, channels, modes)
     if tuple(state.shape) != expected:
         raise ValueError(f"{name} must have shape (B, H, N) = {expected}; got {tuple(state.shape)}")
 
@@ -783,10 +783,7 @@ def modal_step_with(
     channels, modes = coefficients["lambda_re"].shape
     if u_t.dim() != 2 or u_t.shape[-1] != channels:
         raise ValueError(f"u_t must have shape (B, H={channels}); got {tuple(u_t.shape)}")
-    if tuple(state.shape) != (u_t.shape[0], channels, modes):
-        raise ValueError(
-            f"state must have shape (B, H, N) = {(u_t.shape[0], channels, modes)}; got {tuple(state.shape)}"
-        )
+    _check_state(state, u_t.shape[0], channels, modes, "state")
     lam = (coefficients["lambda_re"], coefficients["lambda_im"])  # (H, N) each
     residues = (coefficients["residue_re"], coefficients["residue_im"])  # (H, N) each
     z_re, _, new_state = diagonal_step(state, lam, u_t, residues)  # (B, H), (B, H, N)
@@ -814,7 +811,7 @@ def modal_scan(
     if u.dim() != 3 or u.shape[1] != modal.num_channels or u.shape[-1] == 0:
         raise ValueError(f"u must have shape (B, H={modal.num_channels}, T ≥ 1); got {tuple(u.shape)}")
     if initial_state is not None:
-        _check_state(initial_state, u.shape[0], modal, "initial_state")
+        _check_state(initial_state, u.shape[0], modal.num_channels, modal.num_modes, "initial_state")
     seq_len = u.shape[-1]
     u = u.float()
     y = fft_conv(u, modal_kernel(modal, seq_len))  # (B, H, T)

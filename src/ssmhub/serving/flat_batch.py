@@ -74,7 +74,7 @@ def _scatter(tables: MixerState, slots: torch.Tensor, state: MixerState) -> None
 
 
 def _step(
-    mixer: TokenMixer, x: torch.Tensor, state: MixerState, coefficients: MixerState
+    mixer: TokenMixer, x: torch.Tensor, state: MixerState, coefficients: MixerState | None
 ) -> tuple[torch.Tensor, MixerState]:
     return mixer.step(x, state, coefficients)
 
@@ -90,12 +90,12 @@ def decode_rows(
 ) -> torch.Tensor:
     """Decode rows x (N, D) as one batched step: their slots' states (``new`` (N,) bool: those reset to the state
     before a first token), ``step(mixer, x, state, coefficients)`` (the mixer's own, from its
-    :meth:`~ssmhub.layers.mixer.TokenMixer.step_coefficients`: formed here when None), the new states written back
-    into the slots in place. Returns (N, D_out)."""
+    :meth:`~ssmhub.layers.mixer.TokenMixer.step_coefficients`; None: the mixer's kept ones), the new states written
+    back into the slots in place. Returns (N, D_out)."""
     state = _gather(tables, slots)
     if torch.compiler.is_compiling() or bool(new.any()):  # eager: skip the reset when no row needs it
         state = mixer.reset_state(state, new)
-    y, state = step(mixer, x, state, mixer.step_coefficients() if coefficients is None else coefficients)
+    y, state = step(mixer, x, state, coefficients)
     _scatter(tables, slots, state)
     return y
 
