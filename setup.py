@@ -43,6 +43,9 @@ setup(
             # the fused FlashButterfly kernel (ssmhub.ops.triton), tested on CPU under TRITON_INTERPRET=1;
             # the wheel depends on nothing else, so it never pulls a CUDA torch
             "triton>=3.5; sys_platform == 'linux'",
+            # the CPU decode kernels (ssmhub.ops.diagonal_rows) and their oracles; vLLM's CPU build brings it when
+            # serving, and without it every step runs as tensor ops
+            "numba>=0.60",
             # ssmhub.export's tests: the ONNX export (torch.onnx.export(dynamo=True)) and running it
             "onnx>=1.17",
             "onnxscript>=0.3",

@@ -6,7 +6,9 @@ grows with the longest context, 8K here) closest to DLR's at the same width;
 Mamba-2 (transformers' layout, served by vLLM's own ``Mamba2ForCausalLM``) keeps the families' width and depth
 (head dimension 64, state 128, one group), which puts it within a few percent of SeRpEnt's Mamba layout. DLR
 takes 128 complex modes per channel, so that its decode state has Mamba-2's bytes (H·2N = 2H·128 float32 per layer):
-a decode step streams its state through memory, so equal state is the equal shape.
+a decode step streams its state through memory, so equal state is the equal shape; and an MLP width at which the
+weights its decode step multiplies are Mamba-2's (:func:`dlr_mlp_width`). SeRpEnt without branches (Mamba) takes
+Mamba-2's state size, 128, which gives it Mamba-2's state bytes too (issue 71).
 """
 
 from __future__ import annotations
@@ -44,15 +46,24 @@ class Size:
 SIZES = {"small": Size("small", 128, 4, 4096), "100m": Size("100m", 768, 12, 50304)}
 
 
+MAMBA2_STATE = 128  # Mamba-2's state_size here, and SeRpEnt-as-Mamba's and DLR's (complex modes)
+
+
+def dlr_mlp_width(hidden: int) -> int:
+    """DLR's MLP width at which its decode parameters per layer (W_out H², w 2·H·128, MLP 2·H·I) are Mamba-2's
+    (in_proj H·(4H + 2·128 + 2H/64), out_proj 2H·H): I = 2.5·H + H/64, down to a multiple of 64 (1920 at 768)."""
+    return (5 * hidden // 2 + hidden // 64) // 64 * 64
+
+
 def _ssmhub_model(name: str, size: Size) -> torch.nn.Module:
     common = dict(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers, pad_token_id=0,
                   eos_token_id=None, bos_token_id=None)  # fmt: skip
     h3 = dict(common, intermediate_size=4 * size.hidden, max_kernel_length=2048, attention_layers=[])
     configs = {
-        "dlr": lambda: ssmhub.DLRConfig(state_size=128, intermediate_size=4 * size.hidden, **common),
+        "dlr": lambda: ssmhub.DLRConfig(state_size=128, intermediate_size=dlr_mlp_width(size.hidden), **common),
         "bdlrnn": lambda: ssmhub.BDLRNNConfig(intermediate_size=4 * size.hidden, **common),
         "serpent": lambda: ssmhub.SerpentConfig(resampling_rates=[0.5, 0.1], **common),
-        "serpent-mamba": lambda: ssmhub.SerpentConfig(resampling_rates=[], **common),
+        "serpent-mamba": lambda: ssmhub.SerpentConfig(resampling_rates=[], state_size=MAMBA2_STATE, **common),
         "h3-ssm": lambda: ssmhub.H3Config(**{**h3, "kernel_type": "diagonal_ssm"}),
         "h3-distilled": lambda: ssmhub.H3Config(**h3),
         "h3": lambda: ssmhub.H3Config(**h3),
@@ -85,7 +96,7 @@ def _mamba_hf(size: Size) -> torch.nn.Module:
 
 def _mamba2(size: Size) -> torch.nn.Module:
     config = Mamba2Config(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers, expand=2,
-                          head_dim=64, num_heads=2 * size.hidden // 64, state_size=128, n_groups=1,
+                          head_dim=64, num_heads=2 * size.hidden // 64, state_size=MAMBA2_STATE, n_groups=1,
                           pad_token_id=0, bos_token_id=None, eos_token_id=None)  # fmt: skip
     return Mamba2ForCausalLM(config)
 

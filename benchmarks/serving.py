@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--long-factor", type=int, default=4)
     parser.add_argument("--budget-mib", type=int, default=128, help="the cache budget of the long conversations")
     parser.add_argument("--concurrency-budget-mib", type=int, default=1024, help="the cache budget of the rest")
+    parser.add_argument("--step-floor", type=int, default=32, metavar="ROWS",
+                        help="time each engine's decode step at ROWS running requests against its byte floor "
+                             "(_step_floor; 0: skip)")  # fmt: skip
     parser.add_argument("--chunk", type=int, default=2048, help="vLLM's max_num_batched_tokens")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager", action="store_true", help="vLLM's enforce_eager (default: its torch.compile)")
@@ -56,8 +62,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=Path("runs/serving"))
     parser.add_argument("--name", default="serving")
     args = parser.parse_args(argv)
-    if any(c < 1 for c in args.concurrency) or args.repeats < 1 or args.long_factor < 1:
-        parser.error("--concurrency, --repeats and --long-factor take positive integers")
+    if any(c < 1 for c in args.concurrency) or args.repeats < 1 or args.long_factor < 1 or args.step_floor < 0:
+        parser.error("--concurrency, --repeats and --long-factor take positive integers, --step-floor one ≥ 0")
     if args.generate_concurrency is None:
         args.generate_concurrency = args.concurrency
     return args
@@ -153,6 +159,50 @@ def generate_rows(name: str, folder: Path, args, vocab: int) -> list[dict]:
     return rows
 
 
+def step_floor_rows(names: list[str], folders: dict[str, Path], args, vocab: int) -> list[dict]:
+    """Each engine's decode step at ``--step-floor`` requests against its byte floor (_step_floor), each in a
+    process of its own."""
+    arguments = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
+    rows = []
+    for name in names:
+        command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder", str(folders[name]),
+                   "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if done.returncode:
+            print(f"{name}: the step-floor run failed (exit {done.returncode}); its row is left out", flush=True)
+            continue
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def step_floor_table(rows: list[dict]) -> list[str]:
+    mamba2 = next((r for r in rows if r["model"] == "mamba2"), None)
+    lines = ["| model | decode params | state bytes per request | step ms | tok/s | ÷ Mamba-2's | weight products ms "
+             "| state pass ms | floor ms | floor ÷ step |", "|---" * 10 + "|"]  # fmt: skip
+    for r in rows:
+        vs = f"{r['tok_s'] / mamba2['tok_s']:.2f}×" if mamba2 else "–"
+        lines.append(f"| {r['model']} | {r['decode_params'] / 1e6:.2f}M | {r['state_bytes']:,} | {r['step_ms']:.1f} | "
+                     f"{r['tok_s']:.0f} | {vs} | {r['products_ms']:.2f} | {r['state_ms']:.2f} | {r['floor_ms']:.2f} | "
+                     f"{100 * r['floor_fraction']:.0f}% |")  # fmt: skip
+    return lines
+
+
+def step_floor_targets(rows: list[dict]) -> list[str]:
+    """Issue 71's targets: ≥ 1.0× Mamba-2's tokens/s and ≥ 80% of the floor (70% with branches or a learned MLP)."""
+    mamba2 = next((r for r in rows if r["model"] == "mamba2"), None)
+    lines = []
+    for r in [r for r in rows if r["model"] in FAMILIES]:
+        if mamba2 and r["model"] in ("dlr", "serpent-mamba", "h3-ssm", "h3-distilled"):
+            ratio = r["tok_s"] / mamba2["tok_s"]
+            lines.append(f"- {r['model']}: ≥ 1.0× vLLM's Mamba-2 decode tokens/s at {r['rows']} requests: "
+                         f"{_check(ratio >= 1.0)} ({ratio:.2f}×)")  # fmt: skip
+        need = 0.7 if r["model"] in ("bdlrnn", "serpent") else 0.8
+        lines.append(f"- {r['model']}: ≥ {need:.0%} of its byte floor: {_check(r['floor_fraction'] >= need)} "
+                     f"({r['floor_fraction']:.0%})")  # fmt: skip
+    return lines
+
+
 def long_rows(names: list[str], folders: dict[str, Path], args, vocab: int) -> list[dict]:
     """Capacity in the budget and tokens/s at 2K/8K prompts; GPT-2 first, its count sets the others'."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -239,16 +289,21 @@ def main(argv=None) -> None:
     params = save_models(size, args.models, folder, max(args.long_prompts, default=0) + OUTPUT_TOKENS + 1024)
     folders = {name: folder / name for name in args.models}
     rows = [row for name in args.models for row in concurrency_rows(name, folders[name], args, size.vocab)]
-    sections = [
-        f"## Output tokens/s (median ms per output token), {size.name}: width {size.hidden}, "
-        f"{size.layers} layers, vocabulary {size.vocab}\n\n" + "\n".join(concurrency_table(rows, params))
-    ]
+    sections = []
+    if rows:
+        head = f"## Output tokens/s (median ms per output token), {size.name}: width {size.hidden}"
+        head += f", {size.layers} layers, vocabulary {size.vocab}"
+        sections.append(f"{head}\n\n" + "\n".join(concurrency_table(rows, params)))
+    floor = step_floor_rows(args.models, folders, args, size.vocab) if args.step_floor else []
+    if floor:
+        sections.append(f"## Decode step against its byte floor, {args.step_floor} running requests\n\n"
+                        + "\n".join(step_floor_table(floor)))  # fmt: skip
     long = long_rows(args.models, folders, args, size.vocab) if args.long_prompts else []
     if long:
         sections.append(
             f"## Long conversations in a {args.budget_mib} MiB cache budget\n\n" + "\n".join(long_table(long))
         )
-    sections.append("## Targets\n\n" + "\n".join(target_lines(rows, long)))
+    sections.append("## Targets\n\n" + "\n".join(target_lines(rows, long) + step_floor_targets(floor)))
     print("\n\n".join(sections))
     write_report(args.name, "Serving through vLLM: every family against generate, GPT-2 and Mamba-2", sections)
 

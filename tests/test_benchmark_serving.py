@@ -8,7 +8,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import serving
-from _serving_models import SIZES, Size, non_embedding_parameters, save_models
+from _serving_models import SIZES, Size, _mamba2, _ssmhub_model, dlr_mlp_width, non_embedding_parameters, save_models
+from _step_floor import decode_weights, state_per_request
 
 
 def test_prompts_have_the_asked_lengths_and_no_pad_id():
@@ -55,7 +56,8 @@ def test_the_tables_and_targets_read_the_rows():
     assert "≥ 4× GPT-2's requests **met** (40×), ≥ 2× its tokens/s **missed** (1.5×" in targets
 
 
-@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--repeats", "0"], ["--long-factor", "0"]])
+@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--repeats", "0"], ["--long-factor", "0"],
+                                  ["--step-floor", "-1"]])  # fmt: skip
 def test_bad_arguments_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit):
         serving.parse_args(argv)
@@ -64,3 +66,44 @@ def test_bad_arguments_are_refused_by_name(argv, capsys):
 
 def test_both_sizes_are_defined():
     assert SIZES["small"].hidden < SIZES["100m"].hidden and SIZES["100m"].vocab % 64 == 0
+
+
+def test_dlr_and_serpent_are_compared_to_mamba2_at_equal_decode_weights_and_state():
+    """Issue 71's equal footing: DLR's decode weights within one 64-wide MLP block per layer of Mamba-2's, and every
+    recurrent state within 5% of Mamba-2's bytes per request (its conv window is the difference)."""
+    tiny = Size("tiny", 128, 2, 256)
+    assert dlr_mlp_width(768) == 1920
+    mamba2 = _mamba2(tiny)
+    weights = {name: sum(w.numel() for w in decode_weights(model))
+               for name, model in [("dlr", _ssmhub_model("dlr", tiny)), ("mamba2", mamba2)]}  # fmt: skip
+    dlr_ssm_weights = 2 * tiny.hidden * 128 * tiny.layers  # DLR's w, read by its step but 3-d (H, N, 2)
+    assert abs(weights["dlr"] + dlr_ssm_weights - weights["mamba2"]) <= 2 * tiny.hidden * 64 * tiny.layers
+    reference = state_per_request("mamba2", mamba2, context=0)["bytes"]
+    for name in ("dlr", "serpent-mamba"):
+        state = state_per_request(name, _ssmhub_model(name, tiny), context=0)
+        assert state["writes"] and abs(state["bytes"] - reference) <= 0.05 * reference
+
+
+def test_decode_weights_count_the_head_once_and_transpose_gpt2s_conv1d():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    shapes = sorted(tuple(w.shape) for w in decode_weights(model))
+    assert shapes == sorted([(50, 16), (48, 16), (16, 16), (64, 16), (16, 64)])  # head, qkv, proj, fc, fc-proj
+    kv = state_per_request("gpt2", model, context=10)
+    assert kv == {"bytes": 2 * 1 * 16 * 4 * 10, "writes": False}
+
+
+def test_the_step_floor_table_and_targets_read_the_rows():
+    def row(model, step_ms, floor_ms):
+        return {"model": model, "rows": 32, "decode_params": 84e6, "state_bytes": 9_695_232, "step_ms": step_ms,
+                "products_ms": floor_ms - 1, "state_ms": 1.0, "floor_ms": floor_ms,
+                "floor_fraction": floor_ms / step_ms, "tok_s": 32e3 / step_ms}  # fmt: skip
+
+    rows = [row("dlr", 40.0, 30.0), row("bdlrnn", 50.0, 36.0), row("mamba2", 35.0, 30.0)]
+    table = "\n".join(serving.step_floor_table(rows))
+    assert "| dlr | 84.00M | 9,695,232 | 40.0 | 800 | 0.88× | 29.00 | 1.00 | 30.00 | 75% |" in table
+    targets = "\n".join(serving.step_floor_targets(rows))
+    assert "dlr: ≥ 1.0× vLLM's Mamba-2 decode tokens/s at 32 requests: **missed** (0.88×)" in targets
+    assert "dlr: ≥ 80% of its byte floor: **missed** (75%)" in targets
+    assert "bdlrnn: ≥ 70% of its byte floor: **met** (72%)" in targets and "bdlrnn: ≥ 1.0×" not in targets

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.diagonal_rows import diagonal_step_rows_, kernel_available, kernel_importable
 from ..ops.dlr import (
     dlr_init,
     dlr_kernel,
@@ -211,6 +212,24 @@ class DLRMixer(TokenMixer):
     def _step(self, x_t, state, mask_t):
         """One token, O(H·N): x_{k} = Λ x_{k-1} + u_k (Eq. 1), read out as the convolution's output."""
         return self._step_with(x_t, state, mask_t, self.step_coefficients())
+
+    @property
+    def steps_rows_in_one_pass(self) -> bool:
+        return self.causal and self.ssm.weight.device.type == "cpu" and kernel_importable()
+
+    def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` by one pass over the rows' states in place
+        (:func:`~ssmhub.ops.diagonal_rows.diagonal_step_rows_`, Eq. 1) where the kernel can run and no gradient
+        is asked for; else the protocol's gather, step and write-back, the kernel's oracle."""
+        c = self.kept_step_coefficients() if coefficients is None else coefficients
+        tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (x_t, *c.values()))  # no graph through it
+        if step is not None or tracked or not kernel_available(tables["dlr_state"]):
+            return super().step_rows_(x_t, tables, rows, new, coefficients, step)
+        self._check_step_input(x_t)
+        lam, weights = (c["lambda_re"], c["lambda_im"]), (c["w_re"], c["w_im"])
+        z_re, z_im = diagonal_step_rows_(tables["dlr_state"], rows, new, x_t, lam, weights)  # (R, H) each
+        y_t = z_re if self._readout == "real" else 0.5 * z_im
+        return self._output(x_t.unsqueeze(1), y_t.unsqueeze(1))[:, 0]
 
     def _step_with(self, x_t, state, mask_t, coefficients):
         y_t, new_state = dlr_step_with(x_t, state["dlr_state"], coefficients, self._readout)

@@ -160,12 +160,41 @@ class TokenMixer(nn.Module):
         the state after x_t). Equals :meth:`forward` on the whole sequence at that position. ``coefficients``:
         this mixer's :meth:`step_coefficients`, formed once for many steps (None: those kept since the parameters
         last changed, :meth:`kept_step_coefficients`)."""
-        self._require_state()
-        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
-            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
+        self._check_step_input(x_t)
         self.check_state(state, x_t.shape[0])
         coefficients = self.kept_step_coefficients() if coefficients is None else coefficients
         return self._step_with(x_t, state, None, coefficients)
+
+    def step_rows_(
+        self,
+        x_t: torch.Tensor,
+        tables: MixerState,
+        rows: torch.Tensor,
+        new: torch.Tensor,
+        coefficients: MixerState | None = None,
+        step=None,
+    ) -> torch.Tensor:
+        """One token for some rows of state tables, in place (a serving engine's decode rows, each request's state
+        in a slot): x_t (R, hidden_size), ``tables`` the state's names -> (slots, *shape), ``rows`` (R,) each
+        row's slot, ``new`` (R,) bool the rows that start from the state before a first token (a new request in a
+        reused slot). Returns y_t (R, output_size); the rows' new states are where their old ones were.
+
+        Here: the rows gathered, :meth:`step`, written back (``step(mixer, x_t, state, coefficients)``, a compiled
+        stand-in for it). A mixer with a kernel that updates its rows in one pass overrides it and says so in
+        :attr:`steps_rows_in_one_pass`."""
+        state = {name: table.index_select(0, rows) for name, table in tables.items()}
+        if torch.compiler.is_compiling() or bool(new.any()):  # eager: skip the reset when no row needs it
+            state = self.reset_state(state, new)
+        y_t, state = (step or TokenMixer.step)(self, x_t, state, coefficients)
+        for name, table in tables.items():
+            table.index_copy_(0, rows, state[name].to(table.dtype))
+        return y_t
+
+    @property
+    def steps_rows_in_one_pass(self) -> bool:
+        """Whether :meth:`step_rows_` runs a kernel of the mixer's own that reads and writes each row's state once
+        (then ``torch.compile`` around it has nothing left to fuse)."""
+        return False
 
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> MixerState:
         """The state before the first token: zeros of :meth:`state_layout` (a growing length starts at 0), on
@@ -212,6 +241,11 @@ class TokenMixer(nn.Module):
         """The state with ``rows`` (B,) bool set back to the state before a first token (document starts)."""
         fresh = self.fresh_state_like(state)
         return {name: torch.where(_rows(rows, value), fresh[name], value) for name, value in state.items()}
+
+    def _check_step_input(self, x_t: torch.Tensor) -> None:
+        self._require_state()
+        if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
+            raise ValueError(f"x_t must have shape (B, {self.hidden_size}); got {tuple(x_t.shape)}")
 
     def _require_state(self) -> None:
         if not self.causal:

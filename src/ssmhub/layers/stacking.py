@@ -82,12 +82,19 @@ def linear_maps(linears: Sequence[nn.Module]) -> Callable[[torch.Tensor], torch.
     """Each of R linear modules on its own slice at once, x (R, B, in) -> (R, B, out) (one module: any number of
     leading rows, x (N, B, in) -> (N, B, out)). Plain float ``nn.Linear`` s
     are stacked (:func:`stack`) into one batched matmul; any other linear module (a quantized one: torchao's int8
-    weight tensor, ``quantize_dynamic``'s packed weights, whose ``weight`` is a method) runs as itself, so that a
-    decode step never reads a weight it cannot use."""
-    if all(isinstance(m, nn.Linear) and type(m.weight.data) is torch.Tensor for m in linears):
+    weight tensor, ``quantize_dynamic``'s packed weights, whose ``weight`` is a method; one given a forward of its
+    own, a serving engine's GEMM) runs as itself, so that a decode step never reads a weight it cannot use or goes
+    around the product it was given."""
+    if all(_plain_linear(m) for m in linears):
         weight = stack([m.weight for m in linears], transpose=True)  # (R, in, out)
         return functools.partial(batched_linear, weight=weight, bias=stack([m.bias for m in linears], middle=True))
     return functools.partial(_each_module, list(linears))
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` with a plain tensor weight and the class's own forward."""
+    plain = isinstance(module, nn.Linear) and type(module.weight.data) is torch.Tensor
+    return plain and "forward" not in module.__dict__
 
 
 def _each_module(linears: list[nn.Module], x: torch.Tensor) -> torch.Tensor:

@@ -86,18 +86,13 @@ def decode_rows(
     slots: torch.Tensor,
     new: torch.Tensor,
     coefficients: MixerState | None = None,
-    step=_step,
+    step=None,
 ) -> torch.Tensor:
-    """Decode rows x (N, D) as one batched step: their slots' states (``new`` (N,) bool: those reset to the state
-    before a first token), ``step(mixer, x, state, coefficients)`` (the mixer's own, from its
-    :meth:`~ssmhub.layers.mixer.TokenMixer.step_coefficients`; None: the mixer's kept ones), the new states written
-    back into the slots in place. Returns (N, D_out)."""
-    state = _gather(tables, slots)
-    if torch.compiler.is_compiling() or bool(new.any()):  # eager: skip the reset when no row needs it
-        state = mixer.reset_state(state, new)
-    y, state = step(mixer, x, state, coefficients)
-    _scatter(tables, slots, state)
-    return y
+    """Decode rows x (N, D) as one batched step of their slots' states, in place
+    (:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_`; ``new`` (N,) bool: those reset to the state before a first
+    token; ``coefficients`` the mixer's :meth:`~ssmhub.layers.mixer.TokenMixer.step_coefficients`, None: its kept
+    ones; ``step`` a compiled stand-in for its step). Returns (N, D_out)."""
+    return mixer.step_rows_(x, tables, slots, new, coefficients, step)
 
 
 @functools.cache
@@ -106,10 +101,13 @@ def _compiled(function):
 
 
 def compiled_decode(mixer: TokenMixer) -> Decode:
-    """:func:`decode_rows` compiled for ``mixer`` (``torch.compile``, dynamic batch): whole where its state is one
+    """:func:`decode_rows` compiled for ``mixer`` (``torch.compile``, dynamic batch): as it is where the mixer steps
+    its rows in one pass with a kernel of its own; whole where its state is one
     tensor, so the gather, the state update and the write-back fuse into one pass over the slots; else the step
     alone, gathered and written back eagerly (several states are views of one byte page, whose in-place update
     torch.compile refuses). The same numbers as eager up to float32 round-off (fused, reordered sums)."""
+    if mixer.steps_rows_in_one_pass:  # its own kernel: nothing left for Inductor to fuse
+        return decode_rows
     if len(mixer.state_layout(1)) == 1:
         return _eager_on_failure(_compiled(decode_rows), decode_rows)
     return _eager_on_failure(functools.partial(decode_rows, step=_compiled(_step)), decode_rows)

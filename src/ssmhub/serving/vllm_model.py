@@ -5,7 +5,8 @@ name) and run it on vLLM's flat batch: embeddings, then each block's norms, resi
 (:meth:`~ssmhub.models.modeling_recurrent.RecurrentBlock.forward_with`), with every mixer call going through
 :class:`ServedMixer`, which reads the step's batch layout from vLLM's forward context and hands it to
 :func:`~ssmhub.serving.flat_batch.mix_flat_batch`. Each mixer's state lives in vLLM's state slots, one byte page per
-request (:class:`~ssmhub.serving.state_pages.StatePages`), so vLLM's scheduler counts it as it counts Mamba's. An
+request (:class:`~ssmhub.serving.state_pages.StatePages`), so vLLM's scheduler counts it as it counts Mamba's; on a
+CPU the model's linear maps run on vLLM's own GEMM (:mod:`~ssmhub.serving.engine_linear`), as its own models' do. An
 H3 hybrid's attention layers run through vLLM's own ``Attention`` and its paged key/value cache
 (:class:`ServedAttention`), on the layer's own projections.
 
@@ -30,6 +31,7 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from ..layers.attention import CausalSelfAttention
 from ..layers.mixer import TokenMixer
 from ..ops.rotary import rotary_embedding
+from .engine_linear import use_engine_gemm
 from .flat_batch import Decode, FlatBatch, compiled_decode, decode_rows, mix_flat_batch
 from .servable import recurrent_state_pages, served_model
 from .state_pages import StatePages
@@ -163,8 +165,11 @@ class _ServedCausalLM(nn.Module):
         return self.model.lm_head(hidden_states).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """The folder's tensors by the model's own names (a transformers Mamba folder's mapped onto them)."""
-        return {f"model.{name}" for name in self.served_model.load_named_tensors(weights)}
+        """The folder's tensors by the model's own names (a transformers Mamba folder's mapped onto them); then,
+        on a CPU, every linear map on the engine's GEMM (:func:`~ssmhub.serving.engine_linear.use_engine_gemm`)."""
+        loaded = {f"model.{name}" for name in self.served_model.load_named_tensors(weights)}
+        use_engine_gemm(self.served_model.model)
+        return loaded
 
 
 class SsmhubForCausalLM(_ServedCausalLM, HasInnerState, IsAttentionFree):
