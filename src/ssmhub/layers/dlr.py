@@ -224,7 +224,7 @@ class DLRMixer(TokenMixer):
         c = self.kept_step_coefficients() if coefficients is None else coefficients
         tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (x_t, *c.values()))  # no graph through it
         if step is not None or tracked or not kernel_available(tables["dlr_state"]):
-            return super().step_rows_(x_t, tables, rows, new, coefficients, step)
+            return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         lam, weights = (c["lambda_re"], c["lambda_im"]), (c["w_re"], c["w_im"])
         z_re, z_im = diagonal_step_rows_(tables["dlr_state"], rows, new, x_t, lam, weights)  # (R, H) each

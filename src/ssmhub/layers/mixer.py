@@ -185,7 +185,7 @@ class TokenMixer(nn.Module):
         state = {name: table.index_select(0, rows) for name, table in tables.items()}
         if torch.compiler.is_compiling() or bool(new.any()):  # eager: skip the reset when no row needs it
             state = self.reset_state(state, new)
-        y_t, state = (step or TokenMixer.step)(self, x_t, state, coefficients)
+        y_t, state = step(self, x_t, state, coefficients) if step else self.step(x_t, state, coefficients)
         for name, table in tables.items():
             table.index_copy_(0, rows, state[name].to(table.dtype))
         return y_t
