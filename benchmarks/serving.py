@@ -35,7 +35,9 @@ import time
 from pathlib import Path
 
 import torch
+from _generate_floor import generate_floor_section
 from _report import write_report
+from _serving_chat import chat_context, chat_section_and_targets
 from _serving_models import FAMILIES, PEERS, SIZES, save_models
 
 OUTPUT_TOKENS = 128
@@ -55,6 +57,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--step-floor", type=int, default=32, metavar="ROWS",
                         help="time each engine's decode step at ROWS running requests against its byte floor "
                              "(_step_floor; 0: skip)")  # fmt: skip
+    parser.add_argument("--generate-floor", type=int, nargs="*", default=[], metavar="BATCH",
+                        help="time each family's generate step at these batches against its byte floor "
+                             "(_generate_floor)")  # fmt: skip
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="a checkout of the code before a change (git worktree): --generate-floor measures "
+                             "it too, in its own processes")  # fmt: skip
+    parser.add_argument("--chat-turns", type=int, default=0, help="serve conversations of this many turns with "
+                        "prefix caching (_serving_chat; 0: skip)")  # fmt: skip
+    parser.add_argument("--chat-conversations", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=2048, help="vLLM's max_num_batched_tokens")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--eager", action="store_true", help="vLLM's enforce_eager (default: its torch.compile)")
@@ -62,8 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=Path("runs/serving"))
     parser.add_argument("--name", default="serving")
     args = parser.parse_args(argv)
-    if any(c < 1 for c in args.concurrency) or args.repeats < 1 or args.long_factor < 1 or args.step_floor < 0:
-        parser.error("--concurrency, --repeats and --long-factor take positive integers, --step-floor one ≥ 0")
+    if any(c < 1 for c in args.concurrency + args.generate_floor) or min(args.repeats, args.long_factor) < 1:
+        parser.error("--concurrency, --generate-floor, --repeats and --long-factor take positive integers")
+    if min(args.step_floor, args.chat_turns) < 0 or args.chat_conversations < 1:
+        parser.error("--step-floor and --chat-turns take integers ≥ 0, --chat-conversations a positive one")
+    if args.baseline_src is not None and not (args.baseline_src / "src" / "ssmhub").is_dir():
+        parser.error(f"--baseline-src must be a checkout of ssmhub (with src/ssmhub); got {args.baseline_src}")
     if args.generate_concurrency is None:
         args.generate_concurrency = args.concurrency
     return args
@@ -286,7 +301,8 @@ def main(argv=None) -> None:
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override kv_cache_memory_bytes
     size = SIZES[args.size]
     folder = args.work_dir / size.name
-    params = save_models(size, args.models, folder, max(args.long_prompts, default=0) + OUTPUT_TOKENS + 1024)
+    longest = max(max(args.long_prompts, default=0) + OUTPUT_TOKENS, chat_context(args.chat_turns)) + 1024
+    params = save_models(size, args.models, folder, longest)
     folders = {name: folder / name for name in args.models}
     rows = [row for name in args.models for row in concurrency_rows(name, folders[name], args, size.vocab)]
     sections = []
@@ -298,12 +314,19 @@ def main(argv=None) -> None:
     if floor:
         sections.append(f"## Decode step against its byte floor, {args.step_floor} running requests\n\n"
                         + "\n".join(step_floor_table(floor)))  # fmt: skip
+    generate_section, generate_targets = generate_floor_section(
+        [m for m in args.models if m in FAMILIES], folders, args
+    )
+    sections += generate_section
     long = long_rows(args.models, folders, args, size.vocab) if args.long_prompts else []
     if long:
         sections.append(
             f"## Long conversations in a {args.budget_mib} MiB cache budget\n\n" + "\n".join(long_table(long))
         )
-    sections.append("## Targets\n\n" + "\n".join(target_lines(rows, long) + step_floor_targets(floor)))
+    chat_section, chat_goals = chat_section_and_targets(args.models, folders, args, size.vocab)
+    sections += chat_section
+    targets = target_lines(rows, long) + step_floor_targets(floor) + generate_targets + chat_goals
+    sections.append("## Targets\n\n" + "\n".join(targets))
     print("\n\n".join(sections))
     write_report(args.name, "Serving through vLLM: every family against generate, GPT-2 and Mamba-2", sections)
 

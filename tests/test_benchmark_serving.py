@@ -8,6 +8,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import serving
+from _generate_floor import generate_floor_table, generate_floor_targets
+from _serving_chat import ANSWER_TOKENS, MESSAGE_TOKENS, chat_context, chat_table, chat_targets
 from _serving_models import SIZES, Size, _mamba2, _ssmhub_model, dlr_mlp_width, non_embedding_parameters, save_models
 from _step_floor import decode_weights, state_per_request
 
@@ -57,7 +59,8 @@ def test_the_tables_and_targets_read_the_rows():
 
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--repeats", "0"], ["--long-factor", "0"],
-                                  ["--step-floor", "-1"]])  # fmt: skip
+                                  ["--step-floor", "-1"], ["--generate-floor", "0"], ["--chat-turns", "-1"],
+                                  ["--chat-conversations", "0"], ["--baseline-src", "/nonexistent"]])  # fmt: skip
 def test_bad_arguments_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit):
         serving.parse_args(argv)
@@ -107,3 +110,39 @@ def test_the_step_floor_table_and_targets_read_the_rows():
     assert "dlr: ≥ 1.0× vLLM's Mamba-2 decode tokens/s at 32 requests: **missed** (0.88×)" in targets
     assert "dlr: ≥ 80% of its byte floor: **missed** (75%)" in targets
     assert "bdlrnn: ≥ 70% of its byte floor: **met** (72%)" in targets and "bdlrnn: ≥ 1.0×" not in targets
+
+
+def test_the_generate_floor_table_and_targets_read_both_runs():
+    def row(model, batch, step_ms):
+        return {"model": model, "batch": batch, "step_ms": step_ms, "floor_ms": 20.0, "tok_s": 1e3 * batch / step_ms}
+
+    now, before = [row("dlr", 32, 40.0), row("h3", 32, 80.0), row("h3", 1, 10.0)], [row("dlr", 32, 160.0)]
+    before.append(row("h3", 32, 100.0))
+    table = "\n".join(generate_floor_table(now, before))
+    assert "| dlr | 32 | 160.0 | 40.0 | 4.00× | 800 | 20.00 | 12% | 50% |" in table
+    assert "| h3 | 1 | – | 10.0 | – | 100 | 20.00 | – | 200% |" in table  # no run before: dashes
+    targets = "\n".join(generate_floor_targets(now, before))
+    assert "dlr: generate at 32 rows ≥ 2× the tokens/s before: **met** (4.00×)" in targets
+    assert "h3: generate at 32 rows ≥ 2× the tokens/s before: **missed** (1.25×)" in targets
+
+
+def test_the_chat_table_and_targets_read_the_turns():
+    def turn(model, t, ttft, prefilled):
+        prompt = t * MESSAGE_TOKENS + (t - 1) * ANSWER_TOKENS
+        return {"model": model, "turn": t, "prompt": prompt, "prefilled": prefilled, "ttft_ms": ttft,
+                "ttft_p90_ms": 2 * ttft, "tok_s": 100.0}  # fmt: skip
+
+    rows = [turn("gpt2", 1, 100, 512), turn("gpt2", 2, 300, 700), turn("gpt2", 3, 500, 900)]
+    rows += [{"model": "gpt2", "fit": 4, "block": 128}, turn("dlr", 1, 90, 512), turn("dlr", 2, 80, 520)]
+    rows += [turn("dlr", 3, 110, 530), {"model": "dlr", "fit": 40, "block": 16}, {"model": "mamba2", "failed": 1}]
+    table = "\n".join(chat_table(rows))
+    assert "| dlr | 40 | 90 (180) ms, 512 of 512, 100 tok/s | 80 (160) ms, 520 of 1152, 100 tok/s |" in table
+    assert "| mamba2 (failed, exit 1) | – | – | – | – |" in table
+    targets = "\n".join(chat_targets(rows))
+    assert (
+        "dlr: TTFT below GPT-2's at every turn from 2: **met**; flat (turn 3 ÷ turn 2 ≤ 1.5×): **met** (1.38×)"
+        in targets
+    )
+    assert "prefilled ≤ the new 512 + a block of 16: **missed** (18 more)" in targets
+    assert "dlr: ≥ 8× GPT-2's conversations at the last turn: **met** (40 against 4)" in targets
+    assert chat_context(8) == 8 * (MESSAGE_TOKENS + ANSWER_TOKENS)

@@ -11,8 +11,9 @@ import torch
 pytest.importorskip("numba")
 
 from ssmhub.layers.dlr import DLRMixer
+from ssmhub.layers.h3 import H3Mixer
 from ssmhub.layers.mixer import TokenMixer
-from ssmhub.ops.diagonal_rows import diagonal_step_rows_, kernel_available
+from ssmhub.ops.diagonal_rows import diagonal_step_rows_, kernel_available, modal_kv_step_rows_
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -120,3 +121,93 @@ def test_dlr_step_rows_keeps_the_autograd_path_when_a_gradient_is_asked_for():
     y = mixer.step_rows_(x, {"dlr_state": table}, torch.tensor([3, 1]), torch.tensor([False, False]))
     y.sum().backward()
     assert x.grad is not None and mixer.ssm.weight.grad is not None
+
+
+def _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct):
+    """H3's modal step in float64, written out: x[i, j, h] = λ_h x + k_i v_j, s_ij = Re Σ c x + D k_i v_j,
+    o_j = Σ_i q_i s_ij; returns o (R, H, d_h) and the new table."""
+    table = table.to(torch.complex128).clone()
+    x = table[rows]  # (R, d_h, d_h, H, N)
+    x[new] = 0
+    lam = torch.complex(*[t.double() for t in lam])  # (H, N)
+    c = torch.complex(*[t.double() for t in residues])
+    kv = torch.einsum("rhi,rhj->rijh", k.double(), v.double())  # (R, d_h, d_h, H)
+    x = lam * x + kv[..., None]
+    s = (c * x).sum(-1).real + direct.double() * kv  # (R, d_h, d_h, H)
+    table[rows] = x
+    return torch.einsum("rhi,rijh->rhj", q.double(), s), table
+
+
+@pytest.mark.parametrize(
+    "width, heads, modes, slots, rows",
+    [(3, 2, 5, 7, [6, 0, 2]), (2, 1, 3, 40, list(range(39, 6, -1))), (1, 1, 1, 2, [1])],
+    ids=["odd widths", "33 rows", "one row"],
+)
+def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows):
+    g = torch.Generator().manual_seed(len(rows))
+    table = torch.randn(slots, width, width, heads, modes, 2, generator=g)
+    table = torch.view_as_complex(table)  # (slots, d_h, d_h, H, N) complex64
+    rows = torch.tensor(rows)
+    new = torch.rand(len(rows), generator=g) < 0.3
+    q, k, v = (torch.randn(len(rows), heads, width, generator=g) for _ in range(3))
+    radius, angle = 0.5 + 0.5 * torch.rand(heads, modes, generator=g), 6.3 * torch.rand(heads, modes, generator=g)
+    lam = (radius * torch.cos(angle), radius * torch.sin(angle))
+    residues = (torch.randn(heads, modes, generator=g), torch.randn(heads, modes, generator=g))
+    direct = torch.randn(heads, generator=g)
+    want_o, want_table = _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct)
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[rows] = False
+    before = table.clone()
+    o = modal_kv_step_rows_(table, rows, new, (q, k, v), lam, residues, direct)
+    assert torch.equal(table[untouched], before[untouched])  # other slots: bit for bit as they were
+    # the state: a product and sums per mode, of magnitude ≤ |x|·|λ|·2 + |k v|; o: a sum over d_h·(N + 1) terms
+    state = (table.abs().amax() * 2 + (k.abs().amax() * v.abs().amax())).item()
+    torch.testing.assert_close(torch.view_as_real(table).double(), torch.view_as_real(want_table), rtol=0,
+                               atol=8 * EPS32 * state)  # fmt: skip
+    scale = q.abs().amax().item() * state * (modes * residues[0].abs().amax().item() * 2 + direct.abs().amax().item())
+    torch.testing.assert_close(o.double(), want_o, rtol=0, atol=(width * (modes + 2) + 8) * EPS32 * scale * width)
+
+
+def test_the_modal_kernel_refuses_a_table_of_another_shape_naming_it():
+    with pytest.raises(ValueError, match="table must be"):
+        modal_kv_step_rows_(torch.zeros(2, 3, 3, 2, 4, dtype=torch.complex64), torch.tensor([0]),
+                            torch.tensor([False]), (torch.zeros(1, 2, 2),) * 3, (torch.zeros(2, 4),) * 2,
+                            (torch.zeros(2, 4),) * 2, torch.zeros(2))  # fmt: skip
+    with pytest.raises(ValueError, match="complex64 CPU table"):
+        modal_kv_step_rows_(torch.zeros(2, 2, 2, 2, 4), torch.tensor([0]), torch.tensor([False]),
+                            (torch.zeros(1, 2, 2),) * 3, (torch.zeros(2, 4),) * 2, (torch.zeros(2, 4),) * 2,
+                            torch.zeros(2))  # fmt: skip
+
+
+def _h3(distilled: bool) -> H3Mixer:
+    torch.manual_seed(0)
+    if not distilled:
+        return H3Mixer(12, ssm_num_heads=3, kernel_type="diagonal_ssm", ssm_state_size=5).eval()
+    mixer = H3Mixer(12, ssm_num_heads=3, max_kernel_length=32).eval()
+    mixer.distill(num_modes=4)
+    return mixer
+
+
+@pytest.mark.parametrize("distilled", [False, True], ids=["diagonal SSM", "distilled"])
+def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(distilled):
+    """H3's kernel path (the shift window by tensor ops, the modal state in one pass) against TokenMixer.step_rows_
+    (index_select, H3's step, index_copy_), its oracle, with new requests in reused slots."""
+    mixer = _h3(distilled)
+    assert mixer.steps_rows_in_one_pass
+    g = torch.Generator().manual_seed(1)
+    tables = {}
+    for name, (shape, dtype) in mixer.state_layout(1).items():
+        garbage = torch.randn(9, *shape[1:], 2 if dtype.is_complex else 1, generator=g)
+        tables[name] = torch.view_as_complex(garbage) if dtype.is_complex else garbage[..., 0]
+    rows, new = torch.tensor([8, 0, 3, 5]), torch.tensor([False, True, False, True])
+    x = torch.randn(4, 12, generator=g)
+    ours = {name: t.clone() for name, t in tables.items()}
+    reference = {name: t.clone() for name, t in tables.items()}
+    with torch.no_grad():
+        y = mixer.step_rows_(x, ours, rows, new)
+        want = TokenMixer.step_rows_(mixer, x, reference, rows, new)
+    for name in tables:
+        scale = torch.view_as_real(reference[name]).abs().amax().item() if reference[name].is_complex() else 1.0
+        got, expected = (torch.view_as_real(t) if t.is_complex() else t for t in (ours[name], reference[name]))
+        torch.testing.assert_close(got, expected, rtol=0, atol=64 * EPS32 * (scale + 1))
+    torch.testing.assert_close(y, want, rtol=0, atol=1e-5 * (want.abs().amax().item() + 1))

@@ -47,11 +47,12 @@ def _folder(path: Path, chat_template: str | None) -> Path:
 class Server:
     """``ssmhub-serve FOLDER`` on 127.0.0.1 in a process group of its own, stopped by its process id."""
 
-    def __init__(self, folder: Path, log: Path):
+    def __init__(self, folder: Path, log: Path, options: tuple[str, ...] = ()):
         self.port = _free_port()
         command = [shutil.which("ssmhub-serve", path=os.path.dirname(sys.executable)), str(folder),
                    "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--max-model-len", "128",
-                   "--enforce-eager", "--max-num-batched-tokens", "16", "--served-model-name", "tiny"]  # fmt: skip
+                   "--enforce-eager", "--max-num-batched-tokens", "16", "--served-model-name", "tiny",
+                   *options]  # fmt: skip
         self.log = log.open("w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -78,17 +79,22 @@ class Server:
 
 
 @contextlib.contextmanager
-def _serving(root: Path, chat_template: str | None):
-    running = Server(_folder(root / "dlr", chat_template), root / "server.log")
+def _serving(root: Path, chat_template: str | None, options: tuple[str, ...] = ()):
+    running = Server(_folder(root / "dlr", chat_template), root / "server.log", options)
     try:
         yield running
     finally:
         running.stop()
 
 
+# the chat server keeps conversations' states (vLLM's prefix caching) and reports its hits in each answer's usage
+CACHING = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
+BLOCK = 16  # vLLM's block on a CPU: where the states are checkpointed
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with _serving(tmp_path_factory.mktemp("served"), PLAIN_CHAT_TEMPLATE) as running:
+    with _serving(tmp_path_factory.mktemp("served"), PLAIN_CHAT_TEMPLATE, CACHING) as running:
         yield running
 
 
@@ -117,6 +123,21 @@ def test_chat_completions_plain_and_streamed(server):
     streamed = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, stream=True)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
     assert plain.usage.completion_tokens == 5 and text == plain.choices[0].message.content
+
+
+def test_a_conversations_second_turn_starts_from_the_first_turns_state(server):
+    """An attention-free model served with --enable-prefix-caching: the second turn (the first turn's messages and
+    answer, then a new message) finds the state checkpointed at the last block boundary the first turn reached,
+    at most one block and the new message short of its prompt, and the server keeps serving."""
+    client = _client(server)
+    messages = [{"role": "user", "content": "the history of the world is long . the cat sat on the mat ."}]
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "a dog ran in the park ."}]  # fmt: skip
+    second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens  # token counts: integers
+    assert cached % BLOCK == 0 and cached >= first.usage.prompt_tokens // BLOCK * BLOCK > 0, (cached, first.usage)
+    assert second.usage.completion_tokens == 4
 
 
 def test_sampling_options(server):

@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops.diagonal_rows import kernel_importable, modal_kv_step_rows_
 from ..ops.longconv import causal_conv_step
 from ..ops.modal import ModalKernel, hankel_singular_values
 from ..ops.short_conv import causal_depthwise_conv, conv_window
@@ -250,6 +251,37 @@ class H3Mixer(TokenMixer):
     def _step(self, x_t, state, mask_t):
         """One token: O(d·(shift_kernel_size + d_h·max_kernel_length)) work, O(d·d_h·N) when modal."""
         return self._step_with(x_t, state, mask_t, self.step_coefficients())
+
+    @property
+    def steps_rows_in_one_pass(self) -> bool:
+        """On a CPU with numba, a layer whose long convolution is one modal state (its diagonal SSM, or a distilled
+        kernel of one order) steps it in one pass (:meth:`step_rows_`)."""
+        on_cpu = next(self.shift_conv.parameters()).device.type == "cpu"  # (in_proj may be a quantized module)
+        return on_cpu and kernel_importable() and self.convolution.single_modal_state() is not None
+
+    def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with the modal state updated in one pass, in place
+        (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`: the outer product, the recurrence, the read-out
+        and the contraction with q fused); the shift window (a few inputs per channel) by the tensor step. The
+        protocol's gather, step and write-back where the kernel cannot run or a gradient is asked for."""
+        c = self.kept_step_coefficients() if coefficients is None else coefficients
+        tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (x_t, *c.values()))
+        modal = self.convolution.single_modal_state() if self.steps_rows_in_one_pass else None
+        if step is not None or tracked or modal is None or torch.compiler.is_compiling():
+            return super().step_rows_(x_t, tables, rows, new, c, step)
+        self._check_step_input(x_t)
+        (name, prefix), r = modal, rows.shape[0]
+        q, k, v = self._qkv(x_t, None)  # (R, d) float32 each
+        shift = torch.where(new[:, None, None], 0.0, tables["shift_state"].index_select(0, rows))  # (R, d, S − 1)
+        k_shift, shift = causal_conv_step(k, shift, c["shift.kernel"], c.get("shift.skip"))
+        tables["shift_state"].index_copy_(0, rows, shift)
+        heads = [t.reshape(r, self.num_heads, self.head_dim) for t in (q, k_shift, v)]  # [r, h, i]: channel h·d_h + i
+        lam, residues = (
+            (c[prefix + "lambda_re"], c[prefix + "lambda_im"]),
+            (c[prefix + "residue_re"], c[prefix + "residue_im"]),
+        )
+        o = modal_kv_step_rows_(tables[name], rows, new, heads, lam, residues, c[prefix + "d"] + c[prefix + "skip"])
+        return self.out_proj(o.reshape(r, self.hidden_size).to(x_t.dtype))  # o[r, h, j] -> channel h·d_h + j
 
     def _step_with(self, x_t, state, mask_t, coefficients):
         q, k, v = self._qkv(x_t, mask_t)  # (B, d) each

@@ -106,6 +106,12 @@ class H3Convolution:
         """N of a modal state, None for an exact window."""
         return None
 
+    def single_modal_state(self) -> tuple[str, str] | None:
+        """``(state name, coefficient prefix)`` where one complex64 modal state holds every head, in head order
+        (what a one-pass kernel steps: :meth:`H3Mixer.step_rows_ <ssmhub.layers.h3.H3Mixer.step_rows_>`); else
+        None (an exact window, several orders, heads left exact)."""
+        return None
+
     def modal_form(self, heads: torch.Tensor | None = None, modes: int | None = None) -> ModalKernel:
         """The kernel as a :class:`~ssmhub.ops.modal.ModalKernel` (see the forms)."""
         raise ValueError("this H3 layer is not distilled: call distill(num_modes) first")
@@ -179,6 +185,9 @@ class DiagonalSSMConvolution(H3Convolution):
     def num_state_modes(self):
         return self.long_conv.state_size
 
+    def single_modal_state(self):
+        return "kv_state", ""
+
     def modal_form(self, heads=None, modes=None):
         """The SSM's own modal form, every head (``heads`` and ``modes`` are for a distilled layer)."""
         return self.long_conv.modal()
@@ -240,6 +249,12 @@ class DistilledConvolution(H3Convolution):
             ("kv_state" if len(orders) == 1 else f"kv_state_{order}", order, modal[modes == order]) for order in orders
         ]
         return (modal, exact.nonzero().flatten()), groups
+
+    def single_modal_state(self):
+        groups, (_, exact) = self.groups(), self.head_split()
+        if len(groups) != 1 or exact.numel() or groups[0][2].numel() != self.long_conv.num_channels:
+            return None
+        return "kv_state", "kv_state."  # one order, every head modal (heads in order: the nonzero of a mask)
 
     @property
     def num_state_modes(self):

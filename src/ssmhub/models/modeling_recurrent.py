@@ -28,8 +28,10 @@ from transformers.modeling_outputs import (
 )
 
 from ..cache import RecurrentCache
+from ..ops.host_reads import are_free as host_reads_are_free
 from ..rollback import run_with_rollback
 from .cache_argument import CACHE_FIELD, resolve_cache_argument
+from .cpu_linears import linears_on_cpu_gemm
 from .generation import check_assisted_decoding_arguments, record_for_assisted_decoding, rollback_reach
 from .inputs import check_generation_prompt, check_model_inputs, infer_padding_mask, pool_hidden_states
 from .packed_inputs import document_starts, packing_arguments
@@ -87,6 +89,15 @@ class RecurrentBlock(GradientCheckpointingLayer):
         return self.forward_with(
             hidden_states, lambda x: self.mixer(x, mask, state, return_state, document_starts=document_starts)
         )
+
+    def step_(self, hidden_states: torch.Tensor, state: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """One token of every row, (B, 1, H) -> (B, 1, H), its mixer's state (B, ...) tensors updated in place by
+        the mixer's one pass over them (:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_`, ``rows`` (B,) = 0..B-1):
+        :meth:`forward`'s numbers on one token, without a new state to copy back."""
+        new = torch.zeros_like(rows, dtype=torch.bool)  # every row continues its state
+        return self.forward_with(
+            hidden_states, lambda x: (self.mixer.step_rows_(x[:, 0], state, rows, new)[:, None], None)
+        )[0]
 
     def forward_with(self, hidden_states, mix):
         """The block around ``mix``, a function (B, L, H) -> ((B, L, H), extra) that stands for the mixer's call:
@@ -393,16 +404,35 @@ class RecurrentModel(RecurrentPreTrainedModel):
         and ``update``; the caller counts the tokens). Returns the last block's output and, if asked, each block's
         input: the layer pass of :mod:`ssmhub.rollback`."""
         inputs = ()
+        in_place = use_cache and _steps_in_place(cache, hidden_states, mask, starts)
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device) if in_place else None
         for idx, block in enumerate(self.layers):
             if output_hidden_states:
                 inputs += (hidden_states,)
             state = cache.get(idx) if cache is not None else None
+            if in_place and state is not None and block.mixer.steps_rows_in_one_pass:
+                hidden_states = block.step_(hidden_states, state, rows)  # the cache's tensors, updated in place
+                continue
             hidden_states, new_state = block(
                 hidden_states, mask=mask, state=state, return_state=use_cache, document_starts=starts
             )
             if use_cache:
                 cache.update(idx, new_state)
         return hidden_states, inputs
+
+
+def _steps_in_place(cache, hidden_states: torch.Tensor, mask: torch.Tensor | None, starts) -> bool:
+    """Whether a forward may step its mixers' states in place in ``cache`` (:meth:`RecurrentBlock.step_`): one
+    token per row, every row's a real token continuing its document, no gradient, on a device where the one-pass
+    kernels run and host reads are free (:func:`~ssmhub.ops.host_reads.are_free`: a CPU, nothing traced), and a
+    :class:`~ssmhub.cache.RecurrentCache` that keeps no snapshots (a recording cache's rollback holds states by
+    reference; :mod:`ssmhub.rollback`) and is not preallocated (a static cache is for a compiled step, which keeps
+    the traced path)."""
+    if not isinstance(cache, RecurrentCache) or cache.record_past or cache.is_compileable:
+        return False
+    if hidden_states.shape[1] != 1 or torch.is_grad_enabled() or starts is not None:
+        return False
+    return host_reads_are_free(hidden_states) and (mask is None or bool(mask[:, -1].all()))
 
 
 class _FunctionalStates:
@@ -485,11 +515,14 @@ class RecurrentForCausalLM(RecurrentPreTrainedModel, GenerationMixin):
         assisted or prompt-lookup decoding with a bad ``prompt_lookup_num_tokens`` or an ``assistant_model`` of
         another vocabulary a ValueError naming it, before any decoding. The verifier's cache stops recording
         when ``generate`` returns, with the replay its last crop left done (ordinary decoding from it keeps no
-        snapshots, and its states are those of the tokens it counts)."""
+        snapshots, and its states are those of the tokens it counts). On a CPU the linear maps run on oneDNN's
+        matmul while it decodes (:func:`~ssmhub.models.cpu_linears.linears_on_cpu_gemm`), and a mixer with a
+        one-pass kernel steps its state in the cache's own tensors (:meth:`RecurrentBlock.step_`)."""
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
         check_generation_prompt(prompt, kwargs.get("inputs_embeds"), self.generation_config.bos_token_id)
         check_assisted_decoding_arguments(self, kwargs)
-        result = super().generate(inputs, *args, **kwargs)
+        with linears_on_cpu_gemm(self):
+            result = super().generate(inputs, *args, **kwargs)
         config = kwargs.get("generation_config")
         if not getattr(config, "is_assistant", False):
             for cache in (kwargs.get(CACHE_FIELD), kwargs.get("past_key_values"), getattr(result, CACHE_FIELD, None)):

@@ -6,7 +6,8 @@ in a row (slot) of a table. Written with tensor ops it is several passes over th
 copy, form the new planes, reduce them, write them back into the slots. A decode step is memory-bound (about 11
 flops per 8-byte mode), so each pass costs what the whole step should. :func:`diagonal_step_rows_` reads each mode
 of a row once and writes the new value where the old one was, reducing as it goes: one read and one write of the
-state, the step's floor.
+state, the step's floor. :func:`modal_kv_step_rows_` is the same recurrence as H3 decodes it with its SSM in modal
+form: one diagonal state per pair of a head's channels, driven by the outer product k ⊗ v and read out against q.
 
 It is a numba kernel (numba comes with vLLM's CPU build; ``pip install numba`` elsewhere):
 :func:`kernel_available` says whether it can run, and callers keep the tensor step as the fallback and the oracle.
@@ -21,7 +22,7 @@ import importlib.util
 
 import torch
 
-__all__ = ["diagonal_step_rows_", "kernel_available", "kernel_importable"]
+__all__ = ["diagonal_step_rows_", "kernel_available", "kernel_importable", "modal_kv_step_rows_"]
 
 
 @functools.cache
@@ -112,7 +113,83 @@ def diagonal_step_rows_(
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     lam = [t.float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) shared, or (H, N)
     weights = [t.float().expand(channels, modes).contiguous().numpy() for t in weights]  # (H, N) each
-    z_re, z_im = torch.empty(2, num_rows, channels)  # (R, H) float32 each
+    z_re, z_im = torch.empty(2, num_rows, channels, device=table.device)  # (R, H) float32 each
     step_rows(table.detach().numpy(), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
               *lam, *weights, z_re.numpy(), z_im.numpy())  # fmt: skip
     return z_re, z_im
+
+
+@functools.cache
+def _outer_kernel():
+    """H3's modal step over table rows (:func:`modal_kv_step_rows_`), compiled at its first call of a process."""
+    import numba
+    import numpy as np
+
+    @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
+    def step_rows(table, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out):
+        num_rows, heads, width = q.shape
+        modes = lam_re.shape[1]
+        for flat in numba.prange(num_rows * heads * width):  # one (row, head, output channel j) per iteration
+            r = flat // (heads * width)
+            h = (flat // width) % heads
+            j = flat % width
+            s = rows[r]
+            acc = np.float32(0.0)
+            for i in range(width):  # the state x[i, j, h, :] reads k_i v_j and is read out against q_i
+                if new[r]:
+                    for n in range(modes):
+                        table[s, i, j, h, n, 0] = 0.0
+                        table[s, i, j, h, n, 1] = 0.0
+                u = k[r, h, i] * v[r, h, j]
+                z = np.float32(0.0)
+                for n in range(modes):
+                    old_re = table[s, i, j, h, n, 0]
+                    old_im = table[s, i, j, h, n, 1]
+                    re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
+                    im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
+                    table[s, i, j, h, n, 0] = re
+                    table[s, i, j, h, n, 1] = im
+                    z += c_re[h, n] * re - c_im[h, n] * im
+                acc += q[r, h, i] * (z + direct[h] * u)
+            out[r, h, j] = acc
+
+    return numba, step_rows
+
+
+def modal_kv_step_rows_(
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    new: torch.Tensor,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lam: tuple[torch.Tensor, torch.Tensor],
+    residues: tuple[torch.Tensor, torch.Tensor],
+    direct: torch.Tensor,
+) -> torch.Tensor:
+    """H3's state-passing step (arXiv 2212.14052 §3.1, its SSM in modal form) for the table rows ``rows``, in place:
+    per head h, the state x[i, j] of each pair of head channels takes ``x = λ x + k_i v_j`` (every mode), is read
+    out as ``s_ij = Re Σ_n c_n x[n] + D_h k_i v_j`` and contracted with q: ``o_j = Σ_i q_i s_ij``.
+
+    Args:
+        table: (slots, d_h, d_h, H, N) complex64 modal states of every slot; only the rows in ``rows`` change.
+        rows: (R,) int slot of each running row (distinct); new: (R,) bool, rows that start from the zero state.
+        qkv: q, the shifted k, and v, each (R, H, d_h) float32 (head h's channels h·d_h … h·d_h + d_h − 1).
+        lam, residues: (Re, Im) of λ and of the residues c, each (H, N); direct: (H,) D, the skip and the modal
+            direct term together.
+    Returns: o (R, H, d_h) float32.
+    """
+    if not (kernel_importable() and table.device.type == "cpu" and table.dtype == torch.complex64):
+        raise ValueError(f"the kernel needs a complex64 CPU table and numba; got {table.dtype} on {table.device}")
+    q, k, v = (t.detach().float().contiguous() for t in qkv)
+    num_rows, heads, width = q.shape
+    if table.dim() != 5 or table.shape[1:4] != (width, width, heads) or rows.shape != (num_rows,):
+        raise ValueError(f"table must be (slots, {width}, {width}, {heads}, N) for q {tuple(q.shape)} and rows "
+                         f"({num_rows},); got {tuple(table.shape)} and {tuple(rows.shape)}")  # fmt: skip
+    if torch.compiler.is_compiling() or new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},), outside torch.compile")
+    numba, step_rows = _outer_kernel()
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues)]  # (H, N) each
+    out = torch.empty(num_rows, heads, width, device=table.device)
+    step_rows(torch.view_as_real(table.detach()).numpy(), rows.long().numpy(), new.bool().numpy(), q.numpy(),
+              k.numpy(), v.numpy(), *planes, direct.detach().float().contiguous().numpy(), out.numpy())  # fmt: skip
+    return out

@@ -8,7 +8,9 @@ name) and run it on vLLM's flat batch: embeddings, then each block's norms, resi
 request (:class:`~ssmhub.serving.state_pages.StatePages`), so vLLM's scheduler counts it as it counts Mamba's; on a
 CPU the model's linear maps run on vLLM's own GEMM (:mod:`~ssmhub.serving.engine_linear`), as its own models' do. An
 H3 hybrid's attention layers run through vLLM's own ``Attention`` and its paged key/value cache
-(:class:`ServedAttention`), on the layer's own projections.
+(:class:`ServedAttention`), on the layer's own projections. Both classes serve with vLLM's prefix caching
+(``SupportsMambaPrefixCaching``): vLLM checkpoints a request's state pages at block boundaries and copies them whole
+between slots; the model reads and writes only the slot vLLM names, as without it.
 
 This module imports vLLM; :mod:`ssmhub.serving.vllm_plugin` registers it without importing it.
 """
@@ -25,7 +27,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
-from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree, IsHybrid
+from vllm.model_executor.models.interfaces import HasInnerState, IsAttentionFree, IsHybrid, SupportsMambaPrefixCaching
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from ..layers.attention import CausalSelfAttention
@@ -171,12 +173,18 @@ class _ServedCausalLM(nn.Module):
         use_engine_gemm(self.served_model.model)
         return loaded
 
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        """How vLLM's prefix caching copies a layer's state between slots (a checkpoint into a request's slot, a
+        running state into the block it moves on to): the byte page copied whole."""
+        return MambaStateCopyFuncCalculator.linear_attention_state_copy_func()
 
-class SsmhubForCausalLM(_ServedCausalLM, HasInnerState, IsAttentionFree):
+
+class SsmhubForCausalLM(_ServedCausalLM, HasInnerState, IsAttentionFree, SupportsMambaPrefixCaching):
     """vLLM's model class for the attention-free ssmhub causal LMs (and transformers Mamba folders on a CPU)."""
 
 
-class SsmhubHybridForCausalLM(_ServedCausalLM, HasInnerState, IsHybrid):
+class SsmhubHybridForCausalLM(_ServedCausalLM, HasInnerState, IsHybrid, SupportsMambaPrefixCaching):
     """vLLM's model class for H3: recurrent layers in state slots, attention layers in vLLM's paged cache."""
 
     @classmethod
@@ -187,7 +195,3 @@ class SsmhubHybridForCausalLM(_ServedCausalLM, HasInnerState, IsHybrid):
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig) -> tuple[torch.dtype, ...]:
         return (torch.uint8,)
-
-    @classmethod
-    def get_mamba_state_copy_func(cls):
-        return MambaStateCopyFuncCalculator.linear_attention_state_copy_func()  # the page copied whole

@@ -1,0 +1,126 @@
+"""transformers' ``generate`` on an ssmhub model: its decode step at a batch against the step's byte floor, in the
+process that runs it (``benchmarks/serving.py --generate-floor``; issue 71).
+
+* **Step**: ``generate`` greedy on a batch of prompts of 64 random tokens, ``(T(1 + n tokens) − T(1 token)) / n``,
+  the median of ``--repeats``: what one more token of every row costs, prefill excluded.
+* **Floor**: the serving step's (:mod:`_step_floor`), at the batch's rows: every decode weight's product through
+  oneDNN on a prepared weight (vLLM's CPU GEMM) plus one read and write of every row's state.
+
+``--src DIR`` puts another checkout's ``src`` first on the path (``git worktree add``): the same measurement of the
+code before a change, in the same run. Prints one JSON row per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PROMPT_TOKENS = 64
+
+
+def generate_ms(model, batch: int, new_tokens: int, vocab: int) -> float:
+    """Wall ms of one greedy ``generate`` of ``new_tokens`` tokens for ``batch`` prompts of 64 tokens."""
+    ids = torch.randint(1, vocab, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(batch))
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
+    return 1e3 * (time.perf_counter() - start)
+
+
+def decode_step_ms(model, batch: int, tokens: int, repeats: int, vocab: int) -> float:
+    """Median over ``repeats`` of (T(1 + tokens) − T(1)) / tokens: one decode step of every row."""
+    generate_ms(model, batch, 2, vocab)  # warm-up: a shape's first call fills caches (and numba's compilation)
+    steps = [(generate_ms(model, batch, 1 + tokens, vocab) - generate_ms(model, batch, 1, vocab)) / tokens
+             for _ in range(repeats)]  # fmt: skip
+    return statistics.median(steps)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--batches", type=int, nargs="+", required=True)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    from _step_floor import decode_weights, state_pass_ms, state_per_request, weight_products_ms
+    from transformers import AutoModelForCausalLM
+
+    import ssmhub
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.folder).eval()
+    state = state_per_request(args.name, model, 0)
+    weights = decode_weights(model)
+    for batch in args.batches:
+        step = decode_step_ms(model, batch, args.tokens, args.repeats, model.config.vocab_size)
+        products, state_ms = weight_products_ms(weights, batch), state_pass_ms(batch * state["bytes"], True)
+        print(json.dumps({"model": args.name, "batch": batch, "step_ms": step, "floor_ms": products + state_ms,
+                          "products_ms": products, "state_ms": state_ms, "tok_s": 1e3 * batch / step,
+                          "src": str(Path(ssmhub.__file__).parents[1])}), flush=True)  # fmt: skip
+
+
+def generate_floor_rows(name: str, folder: Path, args, src: Path | None) -> list[dict]:
+    """:func:`main`'s rows for one model in a process of its own, on ``src`` (None: this checkout's code)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(src) / "src"), env.get("PYTHONPATH", "")])
+    command = [sys.executable, __file__, "--folder", str(folder), "--name", name, "--threads", str(args.threads),
+               "--repeats", str(args.repeats), "--batches", *map(str, args.generate_floor)]  # fmt: skip
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)
+    if done.returncode:
+        print(f"{name}: the generate-floor run on {src or 'this checkout'} failed (exit {done.returncode})")
+        return []
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def generate_floor_table(now: list[dict], before: list[dict]) -> list[str]:
+    """One line per (model, batch): ms per step before and now, the speed-up, and each as a fraction of the floor."""
+    base = {(r["model"], r["batch"]): r for r in before}
+    lines = ["| model | batch | ms/step before | ms/step now | now ÷ before tok/s | tok/s now | floor ms "
+             "| floor ÷ step before | floor ÷ step now |", "|---" * 9 + "|"]  # fmt: skip
+    for r in now:
+        b, floor, step = base.get((r["model"], r["batch"])), r["floor_ms"], r["step_ms"]
+        cells = (f"{b['step_ms']:.1f}", f"{b['step_ms'] / step:.2f}×", f"{floor / b['step_ms']:.0%}") if b else "–––"
+        lines.append(f"| {r['model']} | {r['batch']} | {cells[0]} | {step:.1f} | {cells[1]} | {r['tok_s']:.0f} | "
+                     f"{floor:.2f} | {cells[2]} | {floor / step:.0%} |")  # fmt: skip
+    return lines
+
+
+def generate_floor_targets(now: list[dict], before: list[dict]) -> list[str]:
+    """Issue 71's: batched ``generate`` at 32 rows ≥ 2× the tokens/s of the code before."""
+    base = {(r["model"], r["batch"]): r for r in before}
+    lines = []
+    for r in [r for r in now if r["batch"] == 32 and (r["model"], 32) in base]:
+        ratio = base[r["model"], 32]["step_ms"] / r["step_ms"]
+        lines.append(f"- {r['model']}: generate at 32 rows ≥ 2× the tokens/s before: "
+                     f"{'**met**' if ratio >= 2 else '**missed**'} ({ratio:.2f}×)")  # fmt: skip
+    return lines
+
+
+def generate_floor_section(families: list[str], folders: dict[str, Path], args) -> tuple[list[str], list[str]]:
+    """The report's section and target lines for ``--generate-floor`` (nothing when no batch is asked for); with
+    ``--baseline-src``, the code there measured too, after this checkout's."""
+    if not args.generate_floor:
+        return [], []
+    now = [row for name in families for row in generate_floor_rows(name, folders[name], args, None)]
+    before = []
+    if args.baseline_src is not None:
+        before = [row for name in families for row in generate_floor_rows(name, folders[name], args, args.baseline_src)]
+    table = "\n".join(generate_floor_table(now, before))
+    return [f"## generate's decode step against its byte floor\n\n{table}"], generate_floor_targets(now, before)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()

@@ -1,0 +1,49 @@
+"""``generate`` with a model's linear maps on oneDNN's CPU matmul (:func:`ssmhub.ops.cpu_linear.cpu_linear`).
+
+A decode step's weight products are most of its work at any batch size, and on a CPU ATen's ``addmm`` is not the
+fastest product torch has (:mod:`ssmhub.ops.cpu_linear`). :func:`linears_on_cpu_gemm` gives every plain float
+``nn.Linear`` of a model that product for as long as a ``with`` block runs (ssmhub's ``generate``), then hands each
+its own forward back: training, ``torch.compile``, ``torch.export`` and quantized or distributed modules never see
+it, and a module that already has a forward of its own (a serving engine's GEMM, an offloading hook) keeps it.
+Each module keeps its weight: :func:`~ssmhub.ops.cpu_linear.cpu_linear` reads the parameter as it is at each call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from ..ops.cpu_linear import cpu_linear
+
+__all__ = ["linears_on_cpu_gemm"]
+
+
+def _cpu_gemm_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return cpu_linear(x, module.weight, module.bias)
+
+
+def _routable(module: nn.Module) -> bool:
+    """A plain ``nn.Linear`` (not a subclass, a plain float32 CPU weight) with the class's own forward."""
+    if type(module) is not nn.Linear or "forward" in module.__dict__:
+        return False
+    weight = module.weight
+    return type(weight.data) is torch.Tensor and weight.dtype == torch.float32 and weight.device.type == "cpu"
+
+
+@contextmanager
+def linears_on_cpu_gemm(model: nn.Module) -> Iterator[int]:
+    """Route ``model``'s plain float32 CPU ``nn.Linear`` modules through :func:`~ssmhub.ops.cpu_linear.cpu_linear`
+    inside the block (yields how many); their forwards are restored when it exits, however it exits. Re-entrant and
+    harmless to a concurrent call: a module routed already is left to whoever routed it, and either path computes
+    the same function."""
+    routed = [module for module in model.modules() if _routable(module)]
+    for module in routed:
+        module.forward = _cpu_gemm_forward.__get__(module)  # an instance's forward: nn.Module.__call__ runs it
+    try:
+        yield len(routed)
+    finally:
+        for module in routed:
+            module.__dict__.pop("forward", None)
