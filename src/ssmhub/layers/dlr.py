@@ -222,8 +222,7 @@ class DLRMixer(TokenMixer):
         (:func:`~ssmhub.ops.diagonal_rows.diagonal_step_rows_`, Eq. 1) where the kernel can run and no gradient
         is asked for; else the protocol's gather, step and write-back, the kernel's oracle."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
-        tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (x_t, *c.values()))  # no graph through it
-        if step is not None or tracked or not kernel_available(tables["dlr_state"]):
+        if step is not None or self._gradient_asked(x_t, c) or not kernel_available(tables["dlr_state"]):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         lam, weights = (c["lambda_re"], c["lambda_im"]), (c["w_re"], c["w_im"])

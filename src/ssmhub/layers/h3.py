@@ -265,9 +265,8 @@ class H3Mixer(TokenMixer):
         and the contraction with q fused); the shift window (a few inputs per channel) by the tensor step. The
         protocol's gather, step and write-back where the kernel cannot run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
-        tracked = torch.is_grad_enabled() and any(t.requires_grad for t in (x_t, *c.values()))
         modal = self.convolution.single_modal_state() if self.steps_rows_in_one_pass else None
-        if step is not None or tracked or modal is None or torch.compiler.is_compiling():
+        if step is not None or self._gradient_asked(x_t, c) or modal is None or torch.compiler.is_compiling():
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         (name, prefix), r = modal, rows.shape[0]

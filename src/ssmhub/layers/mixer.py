@@ -242,6 +242,11 @@ class TokenMixer(nn.Module):
         fresh = self.fresh_state_like(state)
         return {name: torch.where(_rows(rows, value), fresh[name], value) for name, value in state.items()}
 
+    def _gradient_asked(self, x_t: torch.Tensor, coefficients: MixerState) -> bool:
+        """Whether a step of ``x_t`` from ``coefficients`` must keep autograd's graph, which a one-pass kernel
+        overriding :meth:`step_rows_` does not build (it then falls back on the protocol's path)."""
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (x_t, *coefficients.values()))
+
     def _check_step_input(self, x_t: torch.Tensor) -> None:
         self._require_state()
         if x_t.dim() != 2 or x_t.shape[-1] != self.hidden_size:
