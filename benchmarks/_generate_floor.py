@@ -1,8 +1,9 @@
 """transformers' ``generate`` on an ssmhub model: its decode step at a batch against the step's byte floor, in the
 process that runs it (``benchmarks/serving.py --generate-floor``; issue 71).
 
-* **Step**: ``generate`` greedy on a batch of prompts of 64 random tokens, ``(T(1 + n tokens) − T(1 token)) / n``,
-  the median of ``--repeats``: what one more token of every row costs, prefill excluded.
+* **Step**: ``generate`` greedy on a batch of prompts of 64 random tokens, the time between consecutive decode
+  steps (a logits processor's clock), the median over ``--repeats`` runs of ``n`` steps: what one more token of
+  every row costs, prefill excluded.
 * **Floor**: the serving step's (:mod:`_step_floor`), at the batch's rows: every decode weight's product through
   oneDNN on a prepared weight (vLLM's CPU GEMM) plus one read and write of every row's state.
 
@@ -26,22 +27,37 @@ import torch
 PROMPT_TOKENS = 64
 
 
-def generate_ms(model, batch: int, new_tokens: int, vocab: int) -> float:
-    """Wall ms of one greedy ``generate`` of ``new_tokens`` tokens for ``batch`` prompts of 64 tokens."""
+class TokenClock:
+    """A logits processor that stamps the time each step's scores reach it: between two stamps lies exactly one
+    decode step of every row (its forward, the cache update, the sampler), prefill excluded."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+def step_intervals_ms(model, batch: int, new_tokens: int, vocab: int) -> list[float]:
+    """The ``new_tokens − 1`` decode-step times (ms) of one greedy ``generate`` for ``batch`` prompts of 64 tokens."""
+    from transformers import LogitsProcessorList
+
     ids = torch.randint(1, vocab, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(batch))
-    start = time.perf_counter()
+    clock = TokenClock()
     with torch.inference_mode():
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
-    return 1e3 * (time.perf_counter() - start)
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                       logits_processor=LogitsProcessorList([clock]))  # fmt: skip
+    return [1e3 * (b - a) for a, b in zip(clock.stamps, clock.stamps[1:])]
 
 
 def decode_step_ms(model, batch: int, tokens: int, repeats: int, vocab: int) -> float:
-    """Median over ``repeats`` of (T(1 + tokens) − T(1)) / tokens: one decode step of every row."""
-    generate_ms(model, batch, 2, vocab)  # warm-up: a shape's first call fills caches (and numba's compilation)
-    steps = [(generate_ms(model, batch, 1 + tokens, vocab) - generate_ms(model, batch, 1, vocab)) / tokens
-             for _ in range(repeats)]  # fmt: skip
-    return statistics.median(steps)
+    """The median decode step over ``repeats`` generates of ``1 + tokens`` tokens (``tokens`` steps each): what one
+    more token of every row costs. A difference of whole ``generate`` times would carry the prefill's noise, which
+    at 64-token prompts can exceed 16 steps (SeRpEnt-as-Mamba at batch 8: prefill 2.0-2.8 s, a step 25 ms)."""
+    step_intervals_ms(model, batch, 2, vocab)  # warm-up: a shape's first call fills caches (and numba's compilation)
+    return statistics.median(ms for _ in range(repeats) for ms in step_intervals_ms(model, batch, 1 + tokens, vocab))
 
 
 def main(argv=None) -> None:
@@ -67,7 +83,17 @@ def main(argv=None) -> None:
         products, state_ms = weight_products_ms(weights, batch), state_pass_ms(batch * state["bytes"], True)
         print(json.dumps({"model": args.name, "batch": batch, "step_ms": step, "floor_ms": products + state_ms,
                           "products_ms": products, "state_ms": state_ms, "tok_s": 1e3 * batch / step,
-                          "src": str(Path(ssmhub.__file__).parents[1])}), flush=True)  # fmt: skip
+                          "src": str(Path(ssmhub.__file__).parents[1]), "numba": _numba_version()}),
+              flush=True)  # fmt: skip
+
+
+def _numba_version() -> str | None:
+    """numba's version (the one-pass kernels' compiler; its OpenMP pool shares the cores with torch's), or None."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.__version__
 
 
 def generate_floor_rows(name: str, folder: Path, args, src: Path | None) -> list[dict]:
@@ -118,7 +144,9 @@ def generate_floor_section(families: list[str], folders: dict[str, Path], args) 
     if args.baseline_src is not None:
         before = [row for name in families for row in generate_floor_rows(name, folders[name], args, args.baseline_src)]
     table = "\n".join(generate_floor_table(now, before))
-    return [f"## generate's decode step against its byte floor\n\n{table}"], generate_floor_targets(now, before)
+    numba = ", ".join(sorted({str(row.get("numba")) for row in now + before}))
+    header = f"## generate's decode step against its byte floor\n\nnumba: {numba}; python: {sys.executable}"
+    return [f"{header}\n\n{table}"], generate_floor_targets(now, before)
 
 
 if __name__ == "__main__":

@@ -36,14 +36,18 @@ def _model(name: str) -> nn.Module:
 
 
 def test_linears_are_routed_inside_the_block_and_restored_after():
-    class Subclass(nn.Linear):
+    class InitialValues(nn.Linear):  # nn.Linear's forward (as Mamba's out_proj): routed
         pass
+
+    class OwnProduct(nn.Linear):  # a forward of the class's own: left alone
+        def forward(self, x):
+            return x
 
     own = nn.Linear(4, 4)
     own.forward = lambda x: x  # a forward of its own (an engine's GEMM, an offloading hook): left alone
-    model = nn.Sequential(nn.Linear(4, 4), Subclass(4, 4), own, nn.Linear(4, 4).double())
+    model = nn.Sequential(nn.Linear(4, 4), OwnProduct(4, 4), own, nn.Linear(4, 4).double(), InitialValues(4, 4))
     with linears_on_cpu_gemm(model) as routed:
-        assert routed == 1 and "forward" in model[0].__dict__
+        assert routed == 2 and "forward" in model[0].__dict__ and "forward" in model[4].__dict__
         assert "forward" not in model[1].__dict__ and "forward" not in model[3].__dict__
         with linears_on_cpu_gemm(model) as again:  # re-entered: nothing left to route, nothing restored early
             assert again == 0

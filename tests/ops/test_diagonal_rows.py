@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from step_rows_helpers import step_rows_both_ways
 
 pytest.importorskip("numba")
 
@@ -201,11 +202,7 @@ def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(distilled)
         tables[name] = torch.view_as_complex(garbage) if dtype.is_complex else garbage[..., 0]
     rows, new = torch.tensor([8, 0, 3, 5]), torch.tensor([False, True, False, True])
     x = torch.randn(4, 12, generator=g)
-    ours = {name: t.clone() for name, t in tables.items()}
-    reference = {name: t.clone() for name, t in tables.items()}
-    with torch.no_grad():
-        y = mixer.step_rows_(x, ours, rows, new)
-        want = TokenMixer.step_rows_(mixer, x, reference, rows, new)
+    y, want, ours, reference = step_rows_both_ways(mixer, tables, x, rows, new)
     for name in tables:
         scale = torch.view_as_real(reference[name]).abs().amax().item() if reference[name].is_complex() else 1.0
         got, expected = (torch.view_as_real(t) if t.is_complex() else t for t in (ours[name], reference[name]))

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..ops.diagonal_rows import kernel_importable
+from ..ops.selective_rows import selective_kernel_available, selective_step_rows_
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window
 from ..ops.triton import pick_triton
@@ -238,6 +240,29 @@ class MambaMixer(TokenMixer):
         )  # (1, B, ...) each
         return y[0], {"conv_state": conv_state[0].contiguous(), "ssm_state": ssm_state[0]}
 
+    @property
+    def steps_rows_in_one_pass(self) -> bool:
+        """On a CPU with numba, the selective state steps in one pass (:meth:`step_rows_`)."""
+        return self.ssm.A_log.device.type == "cpu" and kernel_importable()
+
+    def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with the SSM state updated in one pass, in place
+        (:func:`~ssmhub.ops.selective_rows.selective_step_rows_`: the decay, the update, the read-out, the skip and
+        the gate fused); the convolution's window (k − 1 inputs per channel) by the tensor step. The protocol's
+        gather, step and write-back where the kernel cannot run or a gradient is asked for."""
+        gradient = torch.is_grad_enabled() and self._gradient_asked(x_t, dict(self.named_parameters()))
+        if step is not None or gradient or not selective_kernel_available(tables["ssm_state"]):
+            return super().step_rows_(x_t, tables, rows, new, coefficients, step)
+        self._check_step_input(x_t)
+        w = kept_stack(self, [self], lambda: stack_step_weights([self]))  # A = −exp(A_log) formed once, (1, 1, E, N)
+        u, z = self.in_proj(x_t).chunk(2, dim=-1)  # (R, E) each
+        history = torch.where(new[:, None, None], 0.0, tables["conv_state"].index_select(0, rows))  # (R, E, k − 1)
+        u, window = conv_silu_step(history, u, w.conv_taps[0], None if w.conv_bias is None else w.conv_bias[0])
+        tables["conv_state"].index_copy_(0, rows, window[..., 1:].float())
+        delta, B, C = self._selective_inputs(u, None)  # (R, E) float32, (R, N) each
+        y = selective_step_rows_(tables["ssm_state"], rows, new, u, delta, w.A[0, 0], B, C, w.D[0, 0], z)
+        return self.out_proj(y.to(x_t.dtype))  # (R, E) -> (R, H_out)
+
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
@@ -280,6 +305,17 @@ def stack_step_weights(mixers: list[MambaMixer]) -> MambaStepWeights:
     )
 
 
+def conv_silu_step(history, u, taps, bias):
+    """A step of the causal depthwise convolution and its SiLU: the last inputs history (..., E, k − 1), oldest first,
+    and the new one u (..., E); taps (E, k) broadcasting against the window (tap k − 1 meets u), bias (E,)
+    broadcasting against u, or None. Returns (SiLU(conv) (..., E) in u's dtype, the window (..., E, k), newest last)."""
+    window = torch.cat([history.to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (..., E, k)
+    out = (window * taps.to(u.dtype)).sum(-1)
+    if bias is not None:
+        out = out + bias.to(u.dtype)
+    return F.silu(out), window
+
+
 def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
     """One token through R Mamba mixers at once (arXiv 2312.00752 §3.4, the formulas of the module docstring).
 
@@ -292,11 +328,7 @@ def mamba_step(w: MambaStepWeights, x, conv_state, ssm_state, mask_t=None):
         y (R, B, H_out) in x's dtype, conv_state (R, B, E, k − 1) and ssm_state (R, B, E, N) float32.
     """
     u, z = w.in_proj(x).chunk(2, dim=-1)  # (R, B, E) each
-    window = torch.cat([conv_state.to(u.dtype), u.unsqueeze(-1)], dim=-1)  # (R, B, E, k), newest last
-    u = (window * w.conv_taps.to(u.dtype)).sum(-1)
-    if w.conv_bias is not None:
-        u = u + w.conv_bias.to(u.dtype)
-    u = F.silu(u)
+    u, window = conv_silu_step(conv_state, u, w.conv_taps, w.conv_bias)  # (R, B, E), (R, B, E, k)
     if mask_t is not None:  # the conv bias made a pad's input nonzero again
         u = u * mask_t[:, None].to(u.dtype)
     state_size = w.A.shape[-1]

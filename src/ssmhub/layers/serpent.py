@@ -454,13 +454,46 @@ class SerpentMixer(TokenMixer):
         new_state = {f"base.{name}": value for name, value in base_state.items()}
         if not len(self.resampled):
             return y_t, new_state
+        y_branches, branch_state = self._branches_step(x_t, state, mask_t)
+        new_state.update(branch_state)
+        return self._combine([y_t, *y_branches.unbind(0)]), new_state  # (B, H)
+
+    def _branches_step(self, x_t, state, mask_t=None):
+        """The resampling branches' part of :meth:`_step`, all at once on their stacked weights and states
+        (:func:`step_branches`): x_t (B, H) and the ``resampled.`` fields of ``state`` -> (each branch's output,
+        stacked (R, B, ·), and those fields stepped)."""
         weights = stacked_weights(self, self.resampled)  # under torch.compile: stacked anew in the graph each step
         y_branches, stacked = step_branches(weights, x_t, self._part(state, "resampled"), mask_t)
-        new_state.update({f"resampled.{name}": value for name, value in stacked.items()})
-        return self._combine([y_t, *project_outputs(weights, y_branches)]), new_state  # (B, H)
+        outputs = torch.stack(project_outputs(weights, y_branches))  # (R, B, H) additive, (R, B, H_b) concatenated
+        return outputs, {f"resampled.{name}": value for name, value in stacked.items()}
+
+    @property
+    def steps_rows_in_one_pass(self) -> bool:
+        """Where the base Mamba steps its state in one pass (:meth:`step_rows_`), which holds all of a mixer without
+        resampling branches and most of the state of one with them (E·N per row against the branches' clocks,
+        windows and Mambas of width H_b)."""
+        return self.base.steps_rows_in_one_pass
+
+    def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_`: the base Mamba's
+        (:meth:`MambaMixer.step_rows_ <ssmhub.layers.mamba.MambaMixer.step_rows_>`) on its ``base.`` tables, then
+        the resampling branches' step (:meth:`_branches_step`) gathered and written back by the protocol's path."""
+        if step is not None or not self.steps_rows_in_one_pass:
+            return super().step_rows_(x_t, tables, rows, new, coefficients, step)
+        y_t = self.base.step_rows_(x_t, self._part(tables, "base"), rows, new)
+        if not len(self.resampled):
+            return y_t
+        branch_tables = {name: table for name, table in tables.items() if name.startswith("resampled.")}
+        y_branches = super().step_rows_(x_t, branch_tables, rows, new, step=_resampling_branches)  # (R, B, ·)
+        return self._combine([y_t, *y_branches.unbind(0)])
 
     def extra_repr(self) -> str:
         return (
             f"hidden_size={self.hidden_size}, base_size={self.base_size}, branch_size={self.branch_size}, "
             f"mode={self.resampling_mode!r}, layout={self.branch_layout!r}"
         )
+
+
+def _resampling_branches(mixer: SerpentMixer, x_t, state, coefficients):
+    """The step :meth:`SerpentMixer.step_rows_` hands the protocol for the branches' tables: their part of the step."""
+    return mixer._branches_step(x_t, state)

@@ -164,11 +164,14 @@ def step_branches(w: StackedBranches, x_t: torch.Tensor, state: dict[str, torch.
 
 def _branch_mambas(w: StackedBranches, x_bar, conv_state, ssm_state):
     """A step of every branch's Mamba: x̄ (B, R, H_b) and its states (B, R, ...) -> y (B, R, H_b) and the stepped
-    states (B, R, ...). One shared Mamba steps the B·R rows as B·R one-row mixers (views, no copy); branches of
-    their own step as R stacked Mambas on branch-first views (R, B, ...)."""
+    states (B, R, ...). One shared Mamba steps the B·R rows as one mixer of B·R rows (one matrix product of B·R rows
+    per projection, eager), or under ``torch.compile`` as B·R one-row mixers (products Inductor fuses with their
+    neighbours: :func:`~ssmhub.layers.stacking.batched_linear`); views, no copy. Branches of their own step as R
+    stacked Mambas on branch-first views (R, B, ...)."""
     batch, branches = x_bar.shape[:2]
-    if w.shared_mamba:  # (B, R, ...) -> (B·R, 1, ...): B·R mixers of one row, the one Mamba's weights broadcast
-        rows = [t.reshape(batch * branches, 1, *t.shape[2:]) for t in (x_bar, conv_state, ssm_state)]
+    if w.shared_mamba:  # (B, R, ...) -> (1, B·R, ...), or (B·R, 1, ...) compiled: the one Mamba's weights broadcast
+        lead = (batch * branches, 1) if torch.compiler.is_compiling() else (1, batch * branches)
+        rows = [t.reshape(*lead, *t.shape[2:]) for t in (x_bar, conv_state, ssm_state)]
         return [t.view(batch, branches, *t.shape[2:]) for t in mamba_step(w.mamba, *rows)]
     stepped = mamba_step(w.mamba, *(t.transpose(0, 1) for t in (x_bar, conv_state, ssm_state)))  # (R, B, ...)
     return [t.transpose(0, 1) for t in stepped]

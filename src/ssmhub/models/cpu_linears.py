@@ -26,8 +26,11 @@ def _cpu_gemm_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _routable(module: nn.Module) -> bool:
-    """A plain ``nn.Linear`` (not a subclass, a plain float32 CPU weight) with the class's own forward."""
-    if type(module) is not nn.Linear or "forward" in module.__dict__:
+    """An ``nn.Linear`` computing ``nn.Linear.forward`` (a subclass that only sets its initial values, as Mamba's
+    ``dt_proj`` and ``out_proj``, is one; one that overrides the forward is not) on a plain float32 CPU weight, with
+    no forward of its own on the instance."""
+    own_forward = type(module).forward is not nn.Linear.forward or "forward" in module.__dict__
+    if not isinstance(module, nn.Linear) or own_forward:
         return False
     weight = module.weight
     return type(weight.data) is torch.Tensor and weight.dtype == torch.float32 and weight.device.type == "cpu"

@@ -23,7 +23,10 @@ then ``Ā·h + B̄·x``) and never
 the ``exp(-cumsum(Δ·A))`` factorisation of ``Π_{s<r≤t} Ā_r``, whose ``exp(-S)`` factor overflows once the
 log-decay inside a chunk passes ≈ −88 in float32 (≈ −176 with re-centring, ≈ −709 even with a float64
 exponent). No exponent here is ever positive, so any Δ ≥ 0 with A ≤ 0 is safe: a decay that underflows to 0
-is exactly the value the loop computes too, and Δ = 0 runs are exact (``Ā = 1``, ``B̄x = 0``).
+is exactly the value the loop computes too, and Δ = 0 runs are exact (``Ā = 1``, ``B̄x = 0``). The decode step
+(:func:`selective_step`) floors the decay at the dtype's smallest normal number (its exponent clamped at
+:func:`decay_exponent_floor`): an exp whose result is subnormal runs an order of magnitude slower on a CPU, and
+SeRpEnt's branch Mambas step every row, emitting or not; the state moves by at most that number times itself.
 See :func:`selective_scan` for the algorithm and why it beats time-parallel forms on CPU.
 """
 
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 
 from .precision import float32_math
 
-__all__ = ["selective_scan", "selective_scan_ref", "selective_step"]
+__all__ = ["decay_exponent_floor", "selective_scan", "selective_scan_ref", "selective_step"]
 
 DEFAULT_CHUNK_SIZE = 16  # time steps per chunk; chosen from benchmarks/results/selective_scan.md (chunk sweep)
 
@@ -196,10 +199,16 @@ def selective_step(
     dtype = _compute_dtype(x_t, delta_t, A, B_t, C_t, D, z_t, state)
     xc, dc = x_t.to(dtype), delta_t.to(dtype)
     h = xc.new_zeros(*rows, channels, state_size) if state is None else state.to(dtype)
-    decay = torch.exp(dc.unsqueeze(-1) * A.to(dtype))  # (Bt, E, N): exp(Δ_t·A)
+    decay = torch.exp((dc.unsqueeze(-1) * A.to(dtype)).clamp_min(decay_exponent_floor(dtype)))  # (Bt, E, N)
     h = decay * h + (dc * xc).unsqueeze(-1) * B_t.to(dtype).unsqueeze(-2)  # (Bt, E, N)
     y = torch.matmul(h, C_t.to(dtype).unsqueeze(-1)).squeeze(-1)  # (Bt, E)
     return _skip_and_gate(y, xc, D, z_t, dtype).to(x_t.dtype), h
+
+
+def decay_exponent_floor(dtype: torch.dtype) -> float:
+    """The least Δ·A a decode step exponentiates: just above log of ``dtype``'s smallest normal number, so that
+    exp(Δ·A) is never subnormal (what :mod:`ssmhub.ops.selective_rows` clamps at in float32, too)."""
+    return math.log(torch.finfo(dtype).tiny) + 0.05
 
 
 def _broadcasts(t: torch.Tensor, shape: tuple[int, ...]) -> bool:

@@ -1,0 +1,150 @@
+"""The selective SSM's decode step over rows of a state table, in one pass and in place, compiled for a CPU.
+
+The step is :func:`~ssmhub.ops.selective_scan.selective_step` (Mamba's recurrence, arXiv 2312.00752 §3.4, Euler
+``B̄ = Δ B`` as its reference code; SeRpEnt's Eq. 2 and 8, arXiv 2501.11729 §3):
+``h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x_t``, ``y_t = (C_t · h_t + D x_t) · SiLU(z_t)``, for the rows a serving engine
+(or ``generate``) runs at once, each with its state in a row (slot) of a table. Written with tensor ops it is a
+gather, the decay, the update, the read-out and a write-back: several passes over an (E, N) state per row, where a
+decode step should make one. :func:`selective_step_rows_` reads each element of a row's state once, writes the new
+value where the old one was and reduces the read-out as it goes.
+
+Unlike DLR's λ, the decay exp(Δ_t A) depends on the token: one exp per state element and token (E·N per row).
+numba compiles ``math.exp`` to a scalar libm call unless Intel's SVML is installed, which would make the step
+exp-bound; the kernel evaluates it as Cephes' ``expf`` instead (the argument reduced by ln 2 in two parts, a
+degree-6 polynomial, the power of two built from its exponent bits), which LLVM vectorizes: within one float32
+ulp of exp on the range it clamps to, up to 88.7 from the tensor step's floor
+(:func:`~ssmhub.ops.selective_scan.decay_exponent_floor`: a decay is never subnormal).
+
+It is a numba kernel like :mod:`ssmhub.ops.diagonal_rows` (numba comes with vLLM's CPU build); callers keep the
+tensor step as the fallback and the oracle. The read-out sums in float32 in whatever order the compiler vectorizes
+it (``fastmath``): the tensor step's numbers up to float32 round-off, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .diagonal_rows import kernel_importable
+from .selective_scan import decay_exponent_floor
+
+__all__ = ["selective_kernel_available", "selective_step_rows_"]
+
+
+def selective_kernel_available(table: torch.Tensor) -> bool:
+    """Whether :func:`selective_step_rows_` can update ``table`` (slots, E, N): numba importable, a float32 CPU table
+    contiguous over its modes, and not under ``torch.compile`` (which cannot trace it)."""
+    return (
+        kernel_importable()
+        and table.device.type == "cpu"
+        and table.dtype == torch.float32
+        and table.dim() == 3
+        and table.stride(-1) == 1
+        and not torch.compiler.is_compiling()
+    )
+
+
+@functools.cache
+def _kernel():
+    """The compiled kernel (numba compiles it at the first call of a process; ``cache=True`` keeps it on disk)."""
+    import math
+
+    import numba
+    import numpy as np
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    lowest = np.float32(decay_exponent_floor(torch.float32))  # a constant of the compiled code
+
+    @intrinsic
+    def float_of_bits(typingctx, bits):  # int32 -> the float32 with those bits (LLVM's bitcast, vectorizable)
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+
+        return numba.types.float32(numba.types.int32), codegen
+
+    @numba.njit(inline="always", fastmath=True)
+    def exp32(x):
+        """Cephes' expf: x = n ln 2 + r, |r| ≤ ln 2 / 2; exp(r) by its minimax polynomial; 2^n from its bits."""
+        x = min(max(x, lowest), np.float32(88.7))
+        n = math.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+        r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)  # ln 2 = 0.693359375 − 2.12194440e-4
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        p = p * r * r + r + np.float32(1.0)
+        return p * float_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+
+    @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
+    def step_rows(table, rows, new, x, delta, A, B, C, D, gate, y):
+        num_rows, channels = x.shape
+        modes = A.shape[1]
+        for flat in numba.prange(num_rows * channels):  # one (row, channel) per iteration, its N modes inside
+            r = flat // channels
+            e = flat - r * channels
+            s = rows[r]  # the row's slot, indexed directly (a view costs two atomic reference counts)
+            d = delta[r, e]
+            dx = d * x[r, e]
+            if new[r]:  # the zero state before a first token (whatever the reused slot holds, NaN included)
+                for n in range(modes):
+                    table[s, e, n] = 0.0
+            acc = np.float32(0.0)
+            for n in range(modes):
+                h = exp32(d * A[e, n]) * table[s, e, n] + dx * B[r, n]
+                table[s, e, n] = h
+                acc += h * C[r, n]
+            y[r, e] = (acc + D[e] * x[r, e]) * gate[r, e]
+
+    return numba, step_rows
+
+
+def selective_step_rows_(
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    new: torch.Tensor,
+    x_t: torch.Tensor,
+    delta_t: torch.Tensor,
+    A: torch.Tensor,
+    B_t: torch.Tensor,
+    C_t: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z_t: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One selective-SSM step for the table rows ``rows``, their states updated in place.
+
+    Args:
+        table: (slots, E, N) float32 states of every slot; only the rows in ``rows`` change.
+        rows: (R,) int slot of each running row (distinct); new: (R,) bool, rows that start from the zero state
+            (a new request in a reused slot) instead of what their slot holds.
+        x_t, delta_t: (R, E) input and step size Δ_t (softplus applied). A: (E, N). B_t, C_t: (R, N).
+        D: (E,) or None. z_t: (R, E) gate or None.
+    Returns: y_t (R, E) float32.
+    """
+    if not selective_kernel_available(table):
+        raise ValueError(f"the kernel needs a float32 CPU table (slots, E, N) contiguous over N and numba, outside "
+                         f"torch.compile; got {table.dtype} {tuple(table.shape)} on {table.device}")  # fmt: skip
+    num_rows, (channels, modes) = rows.shape[0], table.shape[1:]
+    per_row, per_mode = (num_rows, channels), (num_rows, modes)
+    shapes = {"new": (new, (num_rows,)), "x_t": (x_t, per_row), "delta_t": (delta_t, per_row),
+              "A": (A, (channels, modes)), "B_t": (B_t, per_mode), "C_t": (C_t, per_mode)}  # fmt: skip
+    if z_t is not None:
+        shapes["z_t"] = (z_t, (num_rows, channels))
+    if D is not None:
+        shapes["D"] = (D, (channels,))
+    for name, (tensor, shape) in shapes.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} for {num_rows} rows of a table {tuple(table.shape)}; "
+                             f"got {tuple(tensor.shape)}")  # fmt: skip
+    numba, step_rows = _kernel()
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    cpu = table.device
+    gate = torch.ones(num_rows, channels, device=cpu) if z_t is None else torch.nn.functional.silu(z_t.detach().float())
+    skip = torch.zeros(channels, device=cpu) if D is None else D
+    operands = [t.detach().float().contiguous().numpy() for t in (x_t, delta_t, A, B_t, C_t, skip, gate)]
+    y = torch.empty(num_rows, channels, device=cpu)  # (R, E) float32
+    step_rows(table.detach().numpy(), rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
+    return y
