@@ -18,6 +18,16 @@ def test_update_is_in_place_and_counts_tokens():
     assert cache.get_seq_length() == 7 and cache.has_previous_state(0) and not cache.has_previous_state(1)
 
 
+def test_a_state_is_stored_row_major_whatever_layout_the_forward_left():
+    """The cache's buffers are contiguous (each row's block in one piece: what the one-pass decode kernels read in
+    place), with the state's values, even where a forward returned its state with the batch innermost."""
+    cache = RecurrentCache(1)
+    batch_innermost = torch.arange(24.0).reshape(3, 4, 2).movedim(-1, 0)  # (2, 3, 4), strides (1, 8, 2)
+    cache.update(0, {"s": batch_innermost})
+    stored = cache.get(0)["s"]
+    assert stored.is_contiguous() and torch.equal(stored, batch_innermost)
+
+
 def test_reorder_and_repeat_rows():
     cache = RecurrentCache(1)
     cache.update(0, {"s": torch.arange(3.0)[:, None].repeat(1, 2), "c": torch.arange(3)[:, None] * (1 + 1j)})

@@ -120,13 +120,13 @@ class RecurrentCache:
             return
         current = self.layers[layer_idx]
         if current is None or current.keys() != state.keys():
-            self.layers[layer_idx] = {name: tensor.detach().clone() for name, tensor in state.items()}
+            self.layers[layer_idx] = {name: _buffer(tensor) for name, tensor in state.items()}
             return
         for name, tensor in state.items():
             if current[name].shape == tensor.shape and current[name].dtype == tensor.dtype:
                 current[name].copy_(tensor)  # no state here carries gradients (the branch above)
             else:  # e.g. the key/value cache of an attention layer grows
-                current[name] = tensor.detach().clone()
+                current[name] = _buffer(tensor)
 
     def advance(self, num_tokens: int) -> None:
         """Record that a forward pass absorbed ``num_tokens`` more tokens into every layer."""
@@ -336,3 +336,10 @@ def _mark_static_addresses(states: list[LayerState | None]) -> None:
     for state in states:
         for tensor in (state or {}).values():
             torch._dynamo.mark_static_address(tensor)
+
+
+def _buffer(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached, row-major copy of ``tensor``: the cache's buffer for it. A forward may return a state in whatever
+    layout its last op left (H3's modal state with the batch innermost); the one-pass decode kernels
+    (:mod:`ssmhub.ops.row_tables`) read a buffer in place only where each row's block is contiguous."""
+    return tensor.detach().clone(memory_format=torch.contiguous_format)

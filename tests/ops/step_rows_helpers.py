@@ -16,3 +16,21 @@ def step_rows_both_ways(mixer, tables, x, rows, new):
         y = mixer.step_rows_(x, ours, rows, new)
         want = TokenMixer.step_rows_(mixer, x, reference, rows, new)
     return y, want, ours, reference
+
+
+def in_engine_pages(table, lead=3, tail=5):
+    """``table`` (slots, *shape) copied into a view of a larger (slots, lead + block + tail) buffer, as a serving
+    engine's pages hold a layer's state: each slot's block contiguous, slots apart. Returns (view, buffer); the
+    buffer's elements around the view are NaN, and :func:`pages_untouched` says whether they still are."""
+    block = table[0].numel()
+    buffer = torch.full((table.shape[0], lead + block + tail), float("nan"), dtype=table.dtype)
+    view = buffer[:, lead : lead + block].view(table.shape)
+    view.copy_(table)
+    return view, buffer
+
+
+def pages_untouched(buffer, view):
+    """Whether every element of ``buffer`` outside ``view`` (from :func:`in_engine_pages`) is NaN, as it was."""
+    lead = view.storage_offset() - buffer.storage_offset()
+    block = view[0].numel()
+    return bool(buffer[:, :lead].isnan().all() and buffer[:, lead + block :].isnan().all())

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from step_rows_helpers import step_rows_both_ways
+from step_rows_helpers import in_engine_pages, pages_untouched, step_rows_both_ways
 
 pytest.importorskip("numba")
 
 from ssmhub.layers.dlr import DLRMixer
 from ssmhub.layers.h3 import H3Mixer
 from ssmhub.layers.mixer import TokenMixer
-from ssmhub.ops.diagonal_rows import diagonal_step_rows_, kernel_available, modal_kv_step_rows_
+from ssmhub.ops.diagonal_rows import (
+    diagonal_step_rows_,
+    kernel_available,
+    modal_kernel_available,
+    modal_kv_step_rows_,
+)
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -47,7 +52,8 @@ def _tolerance(table, rows, lam, weights, u):
     [(7, 5, 9, [5, 1, 7, 2], True), (3, 17, 40, list(range(39, 6, -1)), False), (1, 1, 2, [1], True)],
     ids=["odd widths", "33 rows out of order", "one row"],
 )
-def test_kernel_equals_the_float64_recurrence(channels, modes, slots, rows, shared):
+@pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
+def test_kernel_equals_the_float64_recurrence(channels, modes, slots, rows, shared, layout):
     g = torch.Generator().manual_seed(len(rows))
     table = torch.randn(slots, channels, 2, modes, generator=g)
     rows = torch.tensor(rows)
@@ -63,8 +69,11 @@ def test_kernel_equals_the_float64_recurrence(channels, modes, slots, rows, shar
     untouched = torch.ones(slots, dtype=torch.bool)
     untouched[rows] = False
     before = table.clone()
+    if layout == "engine pages":  # slots apart in a larger buffer, NaN between them
+        table, pages = in_engine_pages(table)
     z_re, z_im = diagonal_step_rows_(table, rows, new, u, lam, weights)
 
+    assert layout == "contiguous" or pages_untouched(pages, table)
     assert torch.equal(table[untouched], before[untouched])  # other slots: bit for bit as they were
     torch.testing.assert_close(table.double(), want_table, rtol=0, atol=state_tol)
     torch.testing.assert_close(z_re.double(), want_re, rtol=0, atol=z_tol)
@@ -144,7 +153,8 @@ def _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct):
     [(3, 2, 5, 7, [6, 0, 2]), (2, 1, 3, 40, list(range(39, 6, -1))), (1, 1, 1, 2, [1])],
     ids=["odd widths", "33 rows", "one row"],
 )
-def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows):
+@pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
+def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows, layout):
     g = torch.Generator().manual_seed(len(rows))
     table = torch.randn(slots, width, width, heads, modes, 2, generator=g)
     table = torch.view_as_complex(table)  # (slots, d_h, d_h, H, N) complex64
@@ -159,7 +169,10 @@ def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows):
     untouched = torch.ones(slots, dtype=torch.bool)
     untouched[rows] = False
     before = table.clone()
+    if layout == "engine pages":  # slots apart in a larger buffer, NaN between them
+        table, pages = in_engine_pages(table)
     o = modal_kv_step_rows_(table, rows, new, (q, k, v), lam, residues, direct)
+    assert layout == "contiguous" or pages_untouched(pages, table)
     assert torch.equal(table[untouched], before[untouched])  # other slots: bit for bit as they were
     # the state: a product and sums per mode, of magnitude ≤ |x|·|λ|·2 + |k v|; o: a sum over d_h·(N + 1) terms
     state = (table.abs().amax() * 2 + (k.abs().amax() * v.abs().amax())).item()
@@ -190,16 +203,20 @@ def _h3(distilled: bool) -> H3Mixer:
 
 
 @pytest.mark.parametrize("distilled", [False, True], ids=["diagonal SSM", "distilled"])
-def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(distilled):
+@pytest.mark.parametrize("layout", ["contiguous", "slots innermost"])
+def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(distilled, layout):
     """H3's kernel path (the shift window by tensor ops, the modal state in one pass) against TokenMixer.step_rows_
-    (index_select, H3's step, index_copy_), its oracle, with new requests in reused slots."""
+    (index_select, H3's step, index_copy_), its oracle, with new requests in reused slots; on tables whose slots are
+    their innermost dimension (no slot's block contiguous) it takes the protocol's path instead of the kernel."""
     mixer = _h3(distilled)
     assert mixer.steps_rows_in_one_pass
     g = torch.Generator().manual_seed(1)
     tables = {}
     for name, (shape, dtype) in mixer.state_layout(1).items():
         garbage = torch.randn(9, *shape[1:], 2 if dtype.is_complex else 1, generator=g)
-        tables[name] = torch.view_as_complex(garbage) if dtype.is_complex else garbage[..., 0]
+        table = torch.view_as_complex(garbage) if dtype.is_complex else garbage[..., 0]
+        tables[name] = table.movedim(0, -1).contiguous().movedim(-1, 0) if layout == "slots innermost" else table
+    assert modal_kernel_available(tables["kv_state"]) == (layout == "contiguous")
     rows, new = torch.tensor([8, 0, 3, 5]), torch.tensor([False, True, False, True])
     x = torch.randn(4, 12, generator=g)
     y, want, ours, reference = step_rows_both_ways(mixer, tables, x, rows, new)

@@ -1,4 +1,5 @@
-"""A served model's linear maps on vLLM's CPU GEMM (ssmhub.serving.engine_linear): every plain nn.Linear routed,
+"""A served model's linear maps on vLLM's CPU GEMM (ssmhub.serving.engine_linear): every plain nn.Linear routed
+(Mamba's subclasses that keep nn.Linear's forward included),
 the same outputs as F.linear up to float32 round-off, the weights still the module's own, and a decode step's
 stacked products running a routed module as itself. Runs in ``make test-vllm``'s environment; skipped where vLLM is
 not installed."""
@@ -10,6 +11,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 pytest.importorskip("vllm")
 
@@ -20,16 +22,23 @@ from ssmhub.serving.engine_linear import use_engine_gemm
 EPS32 = torch.finfo(torch.float32).eps
 
 
-def _model():
+def _model(family):
     torch.manual_seed(0)
-    config = ssmhub.DLRConfig(vocab_size=61, hidden_size=24, num_hidden_layers=2, state_size=5, intermediate_size=40)
-    return ssmhub.DLRForCausalLM(config).eval()
+    if family == "dlr":
+        config = ssmhub.DLRConfig(vocab_size=61, hidden_size=24, num_hidden_layers=2, state_size=5,
+                                  intermediate_size=40)  # fmt: skip
+    else:  # Mamba's layers: dt_proj and out_proj are nn.Linear subclasses that keep its forward
+        config = ssmhub.SerpentConfig(vocab_size=61, hidden_size=24, num_hidden_layers=2, state_size=5,
+                                      resampling_rates=[])  # fmt: skip
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
-def test_every_linear_is_routed_and_gives_f_linears_numbers():
-    model, reference = _model(), _model()
-    linears = [m for m in model.modules() if type(m) is nn.Linear]
+@pytest.mark.parametrize("family", ["dlr", "serpent-mamba"])
+def test_every_linear_is_routed_and_gives_f_linears_numbers(family):
+    model, reference = _model(family), _model(family)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert use_engine_gemm(model) == len(linears) > 0
+    assert all("forward" in m.__dict__ for m in linears)
     assert use_engine_gemm(model) == 0  # routed once: a module with a forward of its own is left as it is
     ids = torch.randint(1, 61, (3, 11))
     with torch.no_grad():

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.diagonal_rows import diagonal_step_rows_, kernel_available, kernel_importable
+from ..ops.diagonal_rows import diagonal_step_rows_, kernel_available
 from ..ops.dlr import (
     dlr_init,
     dlr_kernel,
@@ -37,6 +37,7 @@ from ..ops.dlr import (
     kronecker_dlr,
 )
 from ..ops.fftconv import fft_conv
+from ..ops.row_tables import kernel_importable
 from .dlr_options import DLROptions
 from .initial_values import fill_initial_values
 from .memo import can_keep, kept, tensor_versions

@@ -46,9 +46,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.diagonal_rows import kernel_importable, modal_kv_step_rows_
+from ..ops.diagonal_rows import modal_kernel_available, modal_kv_step_rows_
 from ..ops.longconv import causal_conv_step
 from ..ops.modal import ModalKernel, hankel_singular_values
+from ..ops.row_tables import kernel_importable
 from ..ops.short_conv import causal_depthwise_conv, conv_window
 from .h3_convolutions import DistilledConvolution, long_convolution
 from .h3_distillation import DistillationReport, HeadFits, ModalForm, check_distill_request
@@ -266,7 +267,8 @@ class H3Mixer(TokenMixer):
         protocol's gather, step and write-back where the kernel cannot run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
         modal = self.convolution.single_modal_state() if self.steps_rows_in_one_pass else None
-        if step is not None or self._gradient_asked(x_t, c) or modal is None or torch.compiler.is_compiling():
+        usable = modal is not None and modal_kernel_available(tables[modal[0]])
+        if step is not None or not usable or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         (name, prefix), r = modal, rows.shape[0]

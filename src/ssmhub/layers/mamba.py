@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..ops.diagonal_rows import kernel_importable
+from ..ops.row_tables import kernel_importable
 from ..ops.selective_rows import selective_kernel_available, selective_step_rows_
 from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_step
 from ..ops.short_conv import causal_depthwise_conv, conv_window

@@ -18,22 +18,27 @@ from torch import nn
 
 from ..ops.cpu_linear import cpu_linear
 
-__all__ = ["linears_on_cpu_gemm"]
+__all__ = ["linears_on_cpu_gemm", "plain_linear"]
 
 
 def _cpu_gemm_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return cpu_linear(x, module.weight, module.bias)
 
 
-def _routable(module: nn.Module) -> bool:
-    """An ``nn.Linear`` computing ``nn.Linear.forward`` (a subclass that only sets its initial values, as Mamba's
-    ``dt_proj`` and ``out_proj``, is one; one that overrides the forward is not) on a plain float32 CPU weight, with
-    no forward of its own on the instance."""
+def plain_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is an ``nn.Linear`` computing ``nn.Linear.forward`` (a subclass that only sets its initial
+    values, as Mamba's ``dt_proj`` and ``out_proj``, is one; one that overrides the forward is not) on a plain
+    floating-point weight (not a quantized or distributed tensor subclass), with no forward of its own on the
+    instance: a module whose product another GEMM may compute."""
     own_forward = type(module).forward is not nn.Linear.forward or "forward" in module.__dict__
     if not isinstance(module, nn.Linear) or own_forward:
         return False
-    weight = module.weight
-    return type(weight.data) is torch.Tensor and weight.dtype == torch.float32 and weight.device.type == "cpu"
+    return type(module.weight.data) is torch.Tensor and module.weight.is_floating_point()
+
+
+def _routable(module: nn.Module) -> bool:
+    """A :func:`plain_linear` on a float32 CPU weight."""
+    return plain_linear(module) and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
 
 
 @contextmanager

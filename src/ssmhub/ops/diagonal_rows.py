@@ -18,31 +18,25 @@ as the tensor step up to float32 round-off, not bit for bit.
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 
-__all__ = ["diagonal_step_rows_", "kernel_available", "kernel_importable", "modal_kv_step_rows_"]
+from .row_tables import flat_rows, rows_kernel_usable
 
-
-@functools.cache
-def kernel_importable() -> bool:
-    """Whether numba is installed (looked up once; not imported until the kernel first runs)."""
-    return importlib.util.find_spec("numba") is not None
+__all__ = ["diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
 
 
 def kernel_available(table: torch.Tensor) -> bool:
     """Whether :func:`diagonal_step_rows_` can update ``table`` (slots, H, 2, N): numba importable, a float32 CPU
-    table whose planes are contiguous over the modes, and not under ``torch.compile`` (which cannot trace it)."""
-    return (
-        kernel_importable()
-        and table.device.type == "cpu"
-        and table.dtype == torch.float32
-        and table.dim() == 4
-        and table.shape[2] == 2
-        and table.stride(-1) == 1
-        and not torch.compiler.is_compiling()
-    )
+    table with each slot's (H, 2, N) planes contiguous, and not under ``torch.compile``
+    (:func:`~ssmhub.ops.row_tables.rows_kernel_usable`)."""
+    return rows_kernel_usable(table, torch.float32, 4) and table.shape[2] == 2
+
+
+def modal_kernel_available(table: torch.Tensor) -> bool:
+    """Whether :func:`modal_kv_step_rows_` can update ``table`` (slots, d_h, d_h, H, N): numba importable, a
+    complex64 CPU table with each slot's block contiguous, and not under ``torch.compile``."""
+    return rows_kernel_usable(table, torch.complex64, 5)
 
 
 @functools.cache
@@ -52,29 +46,30 @@ def _kernel():
     import numpy as np
 
     @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, rows, new, u, lam_re, lam_im, w_re, w_im, z_re, z_im):
+    def step_rows(table, slot_stride, rows, new, u, lam_re, lam_im, w_re, w_im, z_re, z_im):
         num_rows, channels = u.shape
         modes = w_re.shape[1]
         shared = lam_re.shape[0] == 1  # one λ for every channel (DLR), or a row of λ per channel
         for flat in numba.prange(num_rows * channels):  # one (row, channel) per iteration, its N modes inside
             r = flat // channels
             h = flat - r * channels
-            s = rows[r]  # the row's slot: indexed directly, no view (a view costs two atomic reference counts)
+            re_at = np.uint64(rows[r] * slot_stride + h * 2 * modes)  # Re x[slot, h, 0]: unsigned, see row_tables
+            im_at = re_at + np.uint64(modes)
             k = 0 if shared else h
             if new[r]:  # the zero state before a first token
-                for n in range(modes):
-                    table[s, h, 0, n] = 0.0
-                    table[s, h, 1, n] = 0.0
+                for n in range(2 * modes):
+                    table[re_at + np.uint64(n)] = 0.0
             u_rh = u[r, h]
             acc_re = np.float32(0.0)
             acc_im = np.float32(0.0)
             for n in range(modes):
-                old_re = table[s, h, 0, n]
-                old_im = table[s, h, 1, n]
+                i_re, i_im = re_at + np.uint64(n), im_at + np.uint64(n)
+                old_re = table[i_re]
+                old_im = table[i_im]
                 re = lam_re[k, n] * old_re - lam_im[k, n] * old_im + u_rh
                 im = lam_re[k, n] * old_im + lam_im[k, n] * old_re
-                table[s, h, 0, n] = re
-                table[s, h, 1, n] = im
+                table[i_re] = re
+                table[i_im] = im
                 acc_re += re * w_re[h, n] - im * w_im[h, n]
                 acc_im += re * w_im[h, n] + im * w_re[h, n]
             z_re[r, h] = acc_re
@@ -103,8 +98,9 @@ def diagonal_step_rows_(
     Returns: (Re z, Im z), (R, H) float32 each.
     """
     if not kernel_available(table):
-        raise ValueError(f"the kernel needs a float32 CPU table (slots, H, 2, N) and numba; got {table.dtype} "
-                         f"{tuple(table.shape)} on {table.device}")  # fmt: skip
+        raise ValueError(f"the kernel needs a float32 CPU table (slots, H, 2, N), each slot's planes contiguous, and "
+                         f"numba, outside torch.compile; got {table.dtype} {tuple(table.shape)} with strides "
+                         f"{table.stride()} on {table.device}")  # fmt: skip
     num_rows, channels, modes = rows.shape[0], table.shape[1], table.shape[3]
     if u_t.shape != (num_rows, channels) or new.shape != (num_rows,):
         raise ValueError(f"u_t must be ({num_rows}, {channels}) and new ({num_rows},); got {tuple(u_t.shape)} and "
@@ -114,7 +110,7 @@ def diagonal_step_rows_(
     lam = [t.float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) shared, or (H, N)
     weights = [t.float().expand(channels, modes).contiguous().numpy() for t in weights]  # (H, N) each
     z_re, z_im = torch.empty(2, num_rows, channels, device=table.device)  # (R, H) float32 each
-    step_rows(table.detach().numpy(), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
+    step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
               *lam, *weights, z_re.numpy(), z_im.numpy())  # fmt: skip
     return z_re, z_im
 
@@ -126,29 +122,29 @@ def _outer_kernel():
     import numpy as np
 
     @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out):
+    def step_rows(table, slot_stride, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out):
         num_rows, heads, width = q.shape
         modes = lam_re.shape[1]
         for flat in numba.prange(num_rows * heads * width):  # one (row, head, output channel j) per iteration
             r = flat // (heads * width)
             h = (flat // width) % heads
             j = flat % width
-            s = rows[r]
             acc = np.float32(0.0)
             for i in range(width):  # the state x[i, j, h, :] reads k_i v_j and is read out against q_i
+                at = np.uint64(rows[r] * slot_stride + ((i * width + j) * heads + h) * modes * 2)  # Re x[..., 0]
                 if new[r]:
-                    for n in range(modes):
-                        table[s, i, j, h, n, 0] = 0.0
-                        table[s, i, j, h, n, 1] = 0.0
+                    for n in range(2 * modes):
+                        table[at + np.uint64(n)] = 0.0
                 u = k[r, h, i] * v[r, h, j]
                 z = np.float32(0.0)
                 for n in range(modes):
-                    old_re = table[s, i, j, h, n, 0]
-                    old_im = table[s, i, j, h, n, 1]
+                    i_re = at + np.uint64(2 * n)  # unsigned, see row_tables; Im follows Re
+                    old_re = table[i_re]
+                    old_im = table[i_re + np.uint64(1)]
                     re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
                     im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
-                    table[s, i, j, h, n, 0] = re
-                    table[s, i, j, h, n, 1] = im
+                    table[i_re] = re
+                    table[i_re + np.uint64(1)] = im
                     z += c_re[h, n] * re - c_im[h, n] * im
                 acc += q[r, h, i] * (z + direct[h] * u)
             out[r, h, j] = acc
@@ -177,19 +173,21 @@ def modal_kv_step_rows_(
             direct term together.
     Returns: o (R, H, d_h) float32.
     """
-    if not (kernel_importable() and table.device.type == "cpu" and table.dtype == torch.complex64):
-        raise ValueError(f"the kernel needs a complex64 CPU table and numba; got {table.dtype} on {table.device}")
+    if not modal_kernel_available(table):
+        raise ValueError(f"the kernel needs a complex64 CPU table, each slot's block contiguous, and numba, outside "
+                         f"torch.compile; got {table.dtype} {tuple(table.shape)} with strides {table.stride()} on "
+                         f"{table.device}")  # fmt: skip
     q, k, v = (t.detach().float().contiguous() for t in qkv)
     num_rows, heads, width = q.shape
     if table.dim() != 5 or table.shape[1:4] != (width, width, heads) or rows.shape != (num_rows,):
         raise ValueError(f"table must be (slots, {width}, {width}, {heads}, N) for q {tuple(q.shape)} and rows "
                          f"({num_rows},); got {tuple(table.shape)} and {tuple(rows.shape)}")  # fmt: skip
-    if torch.compiler.is_compiling() or new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},), outside torch.compile")
+    if new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},)")
     numba, step_rows = _outer_kernel()
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues)]  # (H, N) each
     out = torch.empty(num_rows, heads, width, device=table.device)
-    step_rows(torch.view_as_real(table.detach()).numpy(), rows.long().numpy(), new.bool().numpy(), q.numpy(),
+    step_rows(*flat_rows(torch.view_as_real(table.detach())), rows.long().numpy(), new.bool().numpy(), q.numpy(),
               k.numpy(), v.numpy(), *planes, direct.detach().float().contiguous().numpy(), out.numpy())  # fmt: skip
     return out

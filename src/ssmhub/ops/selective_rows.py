@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from .diagonal_rows import kernel_importable
+from .row_tables import flat_rows, rows_kernel_usable
 from .selective_scan import decay_exponent_floor
 
 __all__ = ["selective_kernel_available", "selective_step_rows_"]
@@ -34,15 +34,9 @@ __all__ = ["selective_kernel_available", "selective_step_rows_"]
 
 def selective_kernel_available(table: torch.Tensor) -> bool:
     """Whether :func:`selective_step_rows_` can update ``table`` (slots, E, N): numba importable, a float32 CPU table
-    contiguous over its modes, and not under ``torch.compile`` (which cannot trace it)."""
-    return (
-        kernel_importable()
-        and table.device.type == "cpu"
-        and table.dtype == torch.float32
-        and table.dim() == 3
-        and table.stride(-1) == 1
-        and not torch.compiler.is_compiling()
-    )
+    with each slot's (E, N) block contiguous, and not under ``torch.compile``
+    (:func:`~ssmhub.ops.row_tables.rows_kernel_usable`)."""
+    return rows_kernel_usable(table, torch.float32, 3)
 
 
 @functools.cache
@@ -80,22 +74,23 @@ def _kernel():
         return p * float_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
 
     @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, rows, new, x, delta, A, B, C, D, gate, y):
+    def step_rows(table, slot_stride, rows, new, x, delta, A, B, C, D, gate, y):
         num_rows, channels = x.shape
         modes = A.shape[1]
         for flat in numba.prange(num_rows * channels):  # one (row, channel) per iteration, its N modes inside
             r = flat // channels
             e = flat - r * channels
-            s = rows[r]  # the row's slot, indexed directly (a view costs two atomic reference counts)
+            at = np.uint64(rows[r] * slot_stride + e * modes)  # state (slot, e, 0): unsigned, see row_tables
             d = delta[r, e]
             dx = d * x[r, e]
             if new[r]:  # the zero state before a first token (whatever the reused slot holds, NaN included)
                 for n in range(modes):
-                    table[s, e, n] = 0.0
+                    table[at + np.uint64(n)] = 0.0
             acc = np.float32(0.0)
             for n in range(modes):
-                h = exp32(d * A[e, n]) * table[s, e, n] + dx * B[r, n]
-                table[s, e, n] = h
+                i = at + np.uint64(n)
+                h = exp32(d * A[e, n]) * table[i] + dx * B[r, n]
+                table[i] = h
                 acc += h * C[r, n]
             y[r, e] = (acc + D[e] * x[r, e]) * gate[r, e]
 
@@ -125,8 +120,9 @@ def selective_step_rows_(
     Returns: y_t (R, E) float32.
     """
     if not selective_kernel_available(table):
-        raise ValueError(f"the kernel needs a float32 CPU table (slots, E, N) contiguous over N and numba, outside "
-                         f"torch.compile; got {table.dtype} {tuple(table.shape)} on {table.device}")  # fmt: skip
+        raise ValueError(f"the kernel needs a float32 CPU table (slots, E, N), each slot's (E, N) contiguous, and "
+                         f"numba, outside torch.compile; got {table.dtype} {tuple(table.shape)} with strides "
+                         f"{table.stride()} on {table.device}")  # fmt: skip
     num_rows, (channels, modes) = rows.shape[0], table.shape[1:]
     per_row, per_mode = (num_rows, channels), (num_rows, modes)
     shapes = {"new": (new, (num_rows,)), "x_t": (x_t, per_row), "delta_t": (delta_t, per_row),
@@ -146,5 +142,5 @@ def selective_step_rows_(
     skip = torch.zeros(channels, device=cpu) if D is None else D
     operands = [t.detach().float().contiguous().numpy() for t in (x_t, delta_t, A, B_t, C_t, skip, gate)]
     y = torch.empty(num_rows, channels, device=cpu)  # (R, E) float32
-    step_rows(table.detach().numpy(), rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
+    step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
     return y

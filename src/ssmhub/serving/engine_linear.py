@@ -16,6 +16,8 @@ from torch import nn
 from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 from vllm.platforms import current_platform
 
+from ..models.cpu_linears import plain_linear
+
 __all__ = ["use_engine_gemm"]
 
 
@@ -25,15 +27,15 @@ def _engine_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_engine_gemm(model: nn.Module) -> int:
-    """Route every plain float ``nn.Linear`` of ``model`` on a CPU through vLLM's CPU GEMM dispatch, in place, once its
+    """Route every plain float ``nn.Linear`` of ``model`` (:func:`~ssmhub.models.cpu_linears.plain_linear`: its
+    subclasses that keep ``nn.Linear.forward`` included) on a CPU through vLLM's CPU GEMM dispatch, in place, once its
     weights are loaded (the engine prepares a weight once: a later change to it is not seen). Returns how many
     modules it routed; 0 on any other platform, where vLLM's own products are ``F.linear``'s."""
     if not current_platform.is_cpu():
         return 0
     routed = 0
     for module in model.modules():
-        plain = type(module) is nn.Linear and type(module.weight.data) is torch.Tensor
-        if not plain or "forward" in module.__dict__ or not module.weight.is_floating_point():
+        if not plain_linear(module):
             continue
         dispatch_cpu_unquantized_gemm(module, remove_weight=False)
         module.forward = _engine_forward.__get__(module)  # an instance's forward: nn.Module.__call__ runs it
