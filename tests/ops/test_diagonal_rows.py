@@ -49,9 +49,10 @@ def _tolerance(table, rows, lam, weights, u):
 
 @pytest.mark.parametrize(
     "channels, modes, slots, rows, shared",
-    [(7, 5, 9, [5, 1, 7, 2], True), (3, 17, 40, list(range(39, 6, -1)), False), (1, 1, 2, [1], True)],
-    ids=["odd widths", "33 rows out of order", "one row"],
-)
+    [(7, 5, 9, [5, 1, 7, 2], True), (3, 17, 40, list(range(39, 6, -1)), False), (1, 1, 2, [1], True),
+     (300, 64, 5, [4, 0, 2], False)],
+    ids=["odd widths", "33 rows out of order", "one row", "two tiles of channels, the last partial"],
+)  # fmt: skip
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
 def test_kernel_equals_the_float64_recurrence(channels, modes, slots, rows, shared, layout):
     g = torch.Generator().manual_seed(len(rows))

@@ -9,6 +9,11 @@ of a row once and writes the new value where the old one was, reducing as it goe
 state, the step's floor. :func:`modal_kv_step_rows_` is the same recurrence as H3 decodes it with its SSM in modal
 form: one diagonal state per pair of a head's channels, driven by the outer product k ⊗ v and read out against q.
 
+Every row reads the same read-out weights w (H, N), as large as one row's state. :func:`diagonal_step_rows_` walks
+the channels in tiles whose weights fit in L2 (:data:`_TILE_FLOATS`) and runs every row through a tile before the
+next, so the weights are fetched from memory once per step instead of once per row, while each row's slice of its
+state is still read front to back.
+
 It is a numba kernel (numba comes with vLLM's CPU build; ``pip install numba`` elsewhere):
 :func:`kernel_available` says whether it can run, and callers keep the tensor step as the fallback and the oracle.
 The sum over modes runs in float32 in whatever order the compiler vectorizes it (``fastmath``): the same numbers
@@ -21,7 +26,7 @@ import functools
 
 import torch
 
-from .row_tables import flat_rows, rows_kernel_usable
+from .row_tables import flat_rows, import_numba, rows_kernel_usable
 
 __all__ = ["diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
 
@@ -39,41 +44,46 @@ def modal_kernel_available(table: torch.Tensor) -> bool:
     return rows_kernel_usable(table, torch.complex64, 5)
 
 
+_TILE_FLOATS = 32_768  # 128 KB of read-out weights (Re and Im) per tile of channels: L2-resident on current x86
+
+
 @functools.cache
 def _kernel():
     """The compiled kernel (numba compiles it at the first call of a process; ``cache=True`` keeps it on disk)."""
-    import numba
+    numba = import_numba()
     import numpy as np
 
     @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, slot_stride, rows, new, u, lam_re, lam_im, w_re, w_im, z_re, z_im):
+    def step_rows(table, slot_stride, rows, new, u, lam_re, lam_im, w_re, w_im, z_re, z_im, tile):
         num_rows, channels = u.shape
         modes = w_re.shape[1]
         shared = lam_re.shape[0] == 1  # one λ for every channel (DLR), or a row of λ per channel
-        for flat in numba.prange(num_rows * channels):  # one (row, channel) per iteration, its N modes inside
-            r = flat // channels
-            h = flat - r * channels
-            re_at = np.uint64(rows[r] * slot_stride + h * 2 * modes)  # Re x[slot, h, 0]: unsigned, see row_tables
-            im_at = re_at + np.uint64(modes)
-            k = 0 if shared else h
-            if new[r]:  # the zero state before a first token
-                for n in range(2 * modes):
-                    table[re_at + np.uint64(n)] = 0.0
-            u_rh = u[r, h]
-            acc_re = np.float32(0.0)
-            acc_im = np.float32(0.0)
-            for n in range(modes):
-                i_re, i_im = re_at + np.uint64(n), im_at + np.uint64(n)
-                old_re = table[i_re]
-                old_im = table[i_im]
-                re = lam_re[k, n] * old_re - lam_im[k, n] * old_im + u_rh
-                im = lam_re[k, n] * old_im + lam_im[k, n] * old_re
-                table[i_re] = re
-                table[i_im] = im
-                acc_re += re * w_re[h, n] - im * w_im[h, n]
-                acc_im += re * w_im[h, n] + im * w_re[h, n]
-            z_re[r, h] = acc_re
-            z_im[r, h] = acc_im
+        tiles = (channels + tile - 1) // tile
+        for flat in numba.prange(tiles * num_rows):  # a tile of channels of one row per iteration, rows inner
+            t = flat // num_rows
+            r = flat - t * num_rows
+            for h in range(t * tile, min(channels, (t + 1) * tile)):  # its N modes inside
+                re_at = np.uint64(rows[r] * slot_stride + h * 2 * modes)  # Re x[slot, h, 0]: unsigned, see row_tables
+                im_at = re_at + np.uint64(modes)
+                k = 0 if shared else h
+                if new[r]:  # the zero state before a first token
+                    for n in range(2 * modes):
+                        table[re_at + np.uint64(n)] = 0.0
+                u_rh = u[r, h]
+                acc_re = np.float32(0.0)
+                acc_im = np.float32(0.0)
+                for n in range(modes):
+                    i_re, i_im = re_at + np.uint64(n), im_at + np.uint64(n)
+                    old_re = table[i_re]
+                    old_im = table[i_im]
+                    re = lam_re[k, n] * old_re - lam_im[k, n] * old_im + u_rh
+                    im = lam_re[k, n] * old_im + lam_im[k, n] * old_re
+                    table[i_re] = re
+                    table[i_im] = im
+                    acc_re += re * w_re[h, n] - im * w_im[h, n]
+                    acc_im += re * w_im[h, n] + im * w_re[h, n]
+                z_re[r, h] = acc_re
+                z_im[r, h] = acc_im
 
     return numba, step_rows
 
@@ -110,15 +120,16 @@ def diagonal_step_rows_(
     lam = [t.float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) shared, or (H, N)
     weights = [t.float().expand(channels, modes).contiguous().numpy() for t in weights]  # (H, N) each
     z_re, z_im = torch.empty(2, num_rows, channels, device=table.device)  # (R, H) float32 each
+    tile = max(1, _TILE_FLOATS // (2 * modes))  # channels whose read-out weights stay in L2 while every row reads them
     step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
-              *lam, *weights, z_re.numpy(), z_im.numpy())  # fmt: skip
+              *lam, *weights, z_re.numpy(), z_im.numpy(), tile)  # fmt: skip
     return z_re, z_im
 
 
 @functools.cache
 def _outer_kernel():
     """H3's modal step over table rows (:func:`modal_kv_step_rows_`), compiled at its first call of a process."""
-    import numba
+    numba = import_numba()
     import numpy as np
 
     @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)

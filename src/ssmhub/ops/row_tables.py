@@ -13,7 +13,7 @@ block contiguous, the one layout condition :func:`rows_kernel_usable` checks.
 
 The kernels form those indices as unsigned integers (``np.uint64``): numba wraps a signed index that may be negative
 (``a[-1]``) with a test and a select per element, which again keeps the loop scalar; an unsigned one it takes as it
-is. (What either costs is measured in ``benchmarks/results/serving_floor_serpent.md``.)
+is. (What either costs is in the notes of ``benchmarks/results/serving_floor.md``.)
 """
 
 from __future__ import annotations
@@ -23,13 +23,31 @@ import importlib.util
 
 import torch
 
-__all__ = ["flat_rows", "kernel_importable", "rows_kernel_usable"]
+__all__ = ["flat_rows", "import_numba", "kernel_importable", "rows_kernel_usable"]
 
 
 @functools.cache
 def kernel_importable() -> bool:
     """Whether numba is installed (looked up once; not imported until a kernel first runs)."""
     return importlib.util.find_spec("numba") is not None
+
+
+def import_numba():
+    """numba, imported for a kernel, with llvmlite's library wrapper made safe for vLLM's start-up scan.
+
+    vLLM 0.32's CPU worker, as it starts, rebinds Triton kernels by scanning the globals of every loaded module and
+    reading ``vars(value).get("kernel")`` of each value that has a ``__dict__``. llvmlite's ``ffi.lib`` (loaded with
+    numba) answers any attribute with a wrapped C function, ``__dict__`` included, so once a kernel has run, the next
+    engine started in the process failed with ``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``
+    (``generate`` then ``LLM(...)``, or two engines one after the other). An empty ``__dict__`` entry in the wrapper's
+    table of functions gives the scan a dict without a kernel; llvmlite itself never asks for that name."""
+    import numba
+    from llvmlite.binding import ffi
+
+    functions = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(functions, dict):
+        functions.setdefault("__dict__", {})
+    return numba
 
 
 def _slot_blocks_apart(table: torch.Tensor) -> bool:

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from .row_tables import flat_rows, rows_kernel_usable
+from .row_tables import flat_rows, import_numba, rows_kernel_usable
 from .selective_scan import decay_exponent_floor
 
 __all__ = ["selective_kernel_available", "selective_step_rows_"]
@@ -44,7 +44,7 @@ def _kernel():
     """The compiled kernel (numba compiles it at the first call of a process; ``cache=True`` keeps it on disk)."""
     import math
 
-    import numba
+    numba = import_numba()
     import numpy as np
     from llvmlite import ir
     from numba.extending import intrinsic
