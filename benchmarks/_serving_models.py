@@ -8,7 +8,11 @@ Mamba-2 (transformers' layout, served by vLLM's own ``Mamba2ForCausalLM``) keeps
 takes 128 complex modes per channel, so that its decode state has Mamba-2's bytes (H·2N = 2H·128 float32 per layer):
 a decode step streams its state through memory, so equal state is the equal shape; and an MLP width at which the
 weights its decode step multiplies are Mamba-2's (:func:`dlr_mlp_width`). SeRpEnt without branches (Mamba) takes
-Mamba-2's state size, 128, which gives it Mamba-2's state bytes too (issue 71).
+Mamba-2's state size, 128, which gives it Mamba-2's state bytes too (issue 71). Every H3 takes the MLP width at
+which its decode weights are Mamba-2's (:func:`h3_mlp_width`; 4H before 2026-12-05, which gave it 1.48× Mamba-2's),
+and H3 with its diagonal SSM 128 complex modes per channel, Mamba-2's state bytes (H·N complex64 per layer, plus its
+shift filter's window); distilled H3 keeps 16 modes (a smaller state than Mamba-2's), the long convolutions their
+window.
 """
 
 from __future__ import annotations
@@ -55,16 +59,23 @@ def dlr_mlp_width(hidden: int) -> int:
     return (5 * hidden // 2 + hidden // 64) // 64 * 64
 
 
+def h3_mlp_width(hidden: int) -> int:
+    """H3's MLP width at which its decode parameters per layer (q, k, v and output projections 4·H², MLP 2·H·I) are
+    Mamba-2's (H·(6H + 2·128 + 2H/64), as in :func:`dlr_mlp_width`): I = H + 128 + H/64, down to a multiple of 64
+    (896 at 768)."""
+    return (hidden + MAMBA2_STATE + hidden // 64) // 64 * 64
+
+
 def _ssmhub_model(name: str, size: Size) -> torch.nn.Module:
     common = dict(vocab_size=size.vocab, hidden_size=size.hidden, num_hidden_layers=size.layers, pad_token_id=0,
                   eos_token_id=None, bos_token_id=None)  # fmt: skip
-    h3 = dict(common, intermediate_size=4 * size.hidden, max_kernel_length=2048, attention_layers=[])
+    h3 = dict(common, intermediate_size=h3_mlp_width(size.hidden), max_kernel_length=2048, attention_layers=[])
     configs = {
         "dlr": lambda: ssmhub.DLRConfig(state_size=128, intermediate_size=dlr_mlp_width(size.hidden), **common),
         "bdlrnn": lambda: ssmhub.BDLRNNConfig(intermediate_size=4 * size.hidden, **common),
         "serpent": lambda: ssmhub.SerpentConfig(resampling_rates=[0.5, 0.1], **common),
         "serpent-mamba": lambda: ssmhub.SerpentConfig(resampling_rates=[], state_size=MAMBA2_STATE, **common),
-        "h3-ssm": lambda: ssmhub.H3Config(**{**h3, "kernel_type": "diagonal_ssm"}),
+        "h3-ssm": lambda: ssmhub.H3Config(**{**h3, "kernel_type": "diagonal_ssm", "ssm_state_size": MAMBA2_STATE}),
         "h3-distilled": lambda: ssmhub.H3Config(**h3),
         "h3": lambda: ssmhub.H3Config(**h3),
         "h3-hybrid": lambda: ssmhub.H3Config(

@@ -10,7 +10,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import serving
 from _generate_floor import generate_floor_table, generate_floor_targets
 from _serving_chat import ANSWER_TOKENS, MESSAGE_TOKENS, chat_context, chat_table, chat_targets
-from _serving_models import SIZES, Size, _mamba2, _ssmhub_model, dlr_mlp_width, non_embedding_parameters, save_models
+from _serving_models import (
+    SIZES,
+    Size,
+    _mamba2,
+    _ssmhub_model,
+    dlr_mlp_width,
+    h3_mlp_width,
+    non_embedding_parameters,
+    save_models,
+)
 from _step_floor import decode_weights, state_per_request
 
 
@@ -71,19 +80,21 @@ def test_both_sizes_are_defined():
     assert SIZES["small"].hidden < SIZES["100m"].hidden and SIZES["100m"].vocab % 64 == 0
 
 
-def test_dlr_and_serpent_are_compared_to_mamba2_at_equal_decode_weights_and_state():
-    """Issue 71's equal footing: DLR's decode weights within one 64-wide MLP block per layer of Mamba-2's, and every
-    recurrent state within 5% of Mamba-2's bytes per request (its conv window is the difference)."""
+def test_dlr_h3_and_serpent_are_compared_to_mamba2_at_equal_decode_weights_and_state():
+    """Issue 71's equal footing: DLR's and H3's decode weights within one 64-wide MLP block per layer of Mamba-2's,
+    and every recurrent state within 5% of Mamba-2's bytes per request (its conv window is the difference)."""
     tiny = Size("tiny", 128, 2, 256)
-    assert dlr_mlp_width(768) == 1920
+    assert (dlr_mlp_width(768), h3_mlp_width(768)) == (1920, 896)
     mamba2 = _mamba2(tiny)
+    models = {name: _ssmhub_model(name, tiny) for name in ("dlr", "h3-ssm", "serpent-mamba")}
     weights = {name: sum(w.numel() for w in decode_weights(model))
-               for name, model in [("dlr", _ssmhub_model("dlr", tiny)), ("mamba2", mamba2)]}  # fmt: skip
+               for name, model in [*models.items(), ("mamba2", mamba2)]}  # fmt: skip
     dlr_ssm_weights = 2 * tiny.hidden * 128 * tiny.layers  # DLR's w, read by its step but 3-d (H, N, 2)
     assert abs(weights["dlr"] + dlr_ssm_weights - weights["mamba2"]) <= 2 * tiny.hidden * 64 * tiny.layers
+    assert abs(weights["h3-ssm"] - weights["mamba2"]) <= 2 * tiny.hidden * 64 * tiny.layers
     reference = state_per_request("mamba2", mamba2, context=0)["bytes"]
-    for name in ("dlr", "serpent-mamba"):
-        state = state_per_request(name, _ssmhub_model(name, tiny), context=0)
+    for name in ("dlr", "h3-ssm", "serpent-mamba"):
+        state = state_per_request(name, models[name], context=0)
         assert state["writes"] and abs(state["bytes"] - reference) <= 0.05 * reference
 
 

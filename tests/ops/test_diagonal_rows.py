@@ -151,8 +151,8 @@ def _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct):
 
 @pytest.mark.parametrize(
     "width, heads, modes, slots, rows",
-    [(3, 2, 5, 7, [6, 0, 2]), (2, 1, 3, 40, list(range(39, 6, -1))), (1, 1, 1, 2, [1])],
-    ids=["odd widths", "33 rows", "one row"],
+    [(3, 2, 5, 7, [6, 0, 2]), (2, 1, 3, 40, list(range(39, 6, -1))), (1, 1, 1, 2, [1]), (2, 21, 100, 3, [2, 0])],
+    ids=["odd widths", "33 rows", "one row", "heads past the prefetch distance"],
 )
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
 def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows, layout):
@@ -194,22 +194,24 @@ def test_the_modal_kernel_refuses_a_table_of_another_shape_naming_it():
                             torch.zeros(2))  # fmt: skip
 
 
-def _h3(distilled: bool) -> H3Mixer:
+def _h3(kind: str) -> H3Mixer:
     torch.manual_seed(0)
-    if not distilled:
+    if kind == "diagonal SSM":
         return H3Mixer(12, ssm_num_heads=3, kernel_type="diagonal_ssm", ssm_state_size=5).eval()
     mixer = H3Mixer(12, ssm_num_heads=3, max_kernel_length=32).eval()
-    mixer.distill(num_modes=4)
+    if kind == "distilled":
+        mixer.distill(num_modes=4)
     return mixer
 
 
-@pytest.mark.parametrize("distilled", [False, True], ids=["diagonal SSM", "distilled"])
+@pytest.mark.parametrize("kind", ["diagonal SSM", "distilled", "long convolution"])
 @pytest.mark.parametrize("layout", ["contiguous", "slots innermost"])
-def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(distilled, layout):
-    """H3's kernel path (the shift window by tensor ops, the modal state in one pass) against TokenMixer.step_rows_
-    (index_select, H3's step, index_copy_), its oracle, with new requests in reused slots; on tables whose slots are
-    their innermost dimension (no slot's block contiguous) it takes the protocol's path instead of the kernel."""
-    mixer = _h3(distilled)
+def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(kind, layout):
+    """H3's kernel path (the shift window and a long convolution's window shifted in place, a modal state in one
+    pass) against TokenMixer.step_rows_ (index_select, H3's step, index_copy_), its oracle, with new requests in
+    reused slots; on tables whose slots are their innermost dimension (no slot's block contiguous) it takes the
+    protocol's path instead of the kernels."""
+    mixer = _h3(kind)
     assert mixer.steps_rows_in_one_pass
     g = torch.Generator().manual_seed(1)
     tables = {}
@@ -217,7 +219,9 @@ def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(distilled,
         garbage = torch.randn(9, *shape[1:], 2 if dtype.is_complex else 1, generator=g)
         table = torch.view_as_complex(garbage) if dtype.is_complex else garbage[..., 0]
         tables[name] = table.movedim(0, -1).contiguous().movedim(-1, 0) if layout == "slots innermost" else table
-    assert modal_kernel_available(tables["kv_state"]) == (layout == "contiguous")
+    kv = tables["kv_state"]
+    usable = modal_kernel_available(kv) if kv.is_complex() else kv[0].is_contiguous()
+    assert usable == (layout == "contiguous")
     rows, new = torch.tensor([8, 0, 3, 5]), torch.tensor([False, True, False, True])
     x = torch.randn(4, 12, generator=g)
     y, want, ours, reference = step_rows_both_ways(mixer, tables, x, rows, new)

@@ -72,8 +72,8 @@ def _tolerances(table, rows, new, o):
 
 @pytest.mark.parametrize(
     "channels, modes, slots, rows",
-    [(7, 5, 9, [5, 1, 7, 2]), (3, 17, 40, list(range(39, 6, -1))), (1, 1, 2, [1])],
-    ids=["odd widths", "33 rows out of order", "one row"],
+    [(7, 5, 9, [5, 1, 7, 2]), (3, 17, 40, list(range(39, 6, -1))), (1, 1, 2, [1]), (70, 64, 4, [3, 1])],
+    ids=["odd widths", "33 rows out of order", "one row", "channels past the prefetch distance"],
 )
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
 def test_kernel_equals_the_float64_recurrence(channels, modes, slots, rows, layout):

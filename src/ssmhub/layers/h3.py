@@ -51,6 +51,7 @@ from ..ops.longconv import causal_conv_step
 from ..ops.modal import ModalKernel, hankel_singular_values
 from ..ops.row_tables import kernel_importable
 from ..ops.short_conv import causal_depthwise_conv, conv_window
+from ..ops.window_rows import window_kernel_available, window_step_rows_
 from .h3_convolutions import DistilledConvolution, long_convolution
 from .h3_distillation import DistillationReport, HeadFits, ModalForm, check_distill_request
 from .h3_options import H3Options
@@ -256,33 +257,53 @@ class H3Mixer(TokenMixer):
     @property
     def steps_rows_in_one_pass(self) -> bool:
         """On a CPU with numba, a layer whose long convolution is one modal state (its diagonal SSM, or a distilled
-        kernel of one order) steps it in one pass (:meth:`step_rows_`)."""
+        kernel of one order) or one window of past inputs (its learned kernel, decoded exactly) steps it in one
+        pass, in place (:meth:`step_rows_`)."""
         on_cpu = next(self.shift_conv.parameters()).device.type == "cpu"  # (in_proj may be a quantized module)
-        return on_cpu and kernel_importable() and self.convolution.single_modal_state() is not None
+        one_state = self.convolution.single_modal_state() or self.convolution.single_window_state()
+        return on_cpu and kernel_importable() and one_state is not None
 
     def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
-        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with the modal state updated in one pass, in place
-        (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`: the outer product, the recurrence, the read-out
-        and the contraction with q fused); the shift window (a few inputs per channel) by the tensor step. The
-        protocol's gather, step and write-back where the kernel cannot run or a gradient is asked for."""
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with each state updated in one pass, in place: a modal
+        state by :func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_` (the outer product, the recurrence, the
+        read-out and the contraction with q fused), a window of past kv inputs and the shift window by
+        :func:`~ssmhub.ops.window_rows.window_step_rows_` (each input met by its tap, the window shifted where it
+        lies). The protocol's gather, step and write-back where the kernel cannot run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
-        modal = self.convolution.single_modal_state() if self.steps_rows_in_one_pass else None
-        usable = modal is not None and modal_kernel_available(tables[modal[0]])
-        if step is not None or not usable or self._gradient_asked(x_t, c):
+        one_pass = step is None and self.steps_rows_in_one_pass  # ``step``: a compiled stand-in for the step
+        conv = self._rows_convolution(tables, rows, new, c) if one_pass else None
+        if conv is None or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
-        (name, prefix), r = modal, rows.shape[0]
         q, k, v = self._qkv(x_t, None)  # (R, d) float32 each
-        shift = torch.where(new[:, None, None], 0.0, tables["shift_state"].index_select(0, rows))  # (R, d, S − 1)
-        k_shift, shift = causal_conv_step(k, shift, c["shift.kernel"], c.get("shift.skip"))
-        tables["shift_state"].index_copy_(0, rows, shift)
-        heads = [t.reshape(r, self.num_heads, self.head_dim) for t in (q, k_shift, v)]  # [r, h, i]: channel h·d_h + i
-        lam, residues = (
-            (c[prefix + "lambda_re"], c[prefix + "lambda_im"]),
-            (c[prefix + "residue_re"], c[prefix + "residue_im"]),
-        )
-        o = modal_kv_step_rows_(tables[name], rows, new, heads, lam, residues, c[prefix + "d"] + c[prefix + "skip"])
-        return self.out_proj(o.reshape(r, self.hidden_size).to(x_t.dtype))  # o[r, h, j] -> channel h·d_h + j
+        k_shift = window_step_rows_(tables["shift_state"], rows, new, k, c["shift.kernel"], c.get("shift.skip"))
+        return self.out_proj(conv(q, k_shift, v).to(x_t.dtype))  # (R, d)
+
+    def _rows_convolution(self, tables, rows, new, c):
+        """(q, k, v) (R, d) each -> o (R, d): the long convolution's step on the table rows in place, or None where
+        no kernel can update its table."""
+        modal, window = self.convolution.single_modal_state(), self.convolution.single_window_state()
+        if modal is not None and modal_kernel_available(tables[modal[0]]):
+            (name, prefix), lam = modal, (c[modal[1] + "lambda_re"], c[modal[1] + "lambda_im"])
+            residues = (c[prefix + "residue_re"], c[prefix + "residue_im"])
+            direct = c[prefix + "d"] + c[prefix + "skip"]
+
+            def modal_step(q, k, v):
+                heads = [t.reshape(t.shape[0], self.num_heads, self.head_dim) for t in (q, k, v)]  # [r, h, i]
+                o = modal_kv_step_rows_(tables[name], rows, new, heads, lam, residues, direct)  # (R, H, d_h)
+                return o.reshape(o.shape[0], self.hidden_size)  # o[r, h, j] -> channel h·d_h + j
+
+            return modal_step
+        blocks = window is not None and tables[window][0].is_contiguous()  # each slot's block: flattened as a view
+        table = tables[window].flatten(1, 3) if blocks else None  # (slots, d_h·d_h·H, L − 1)
+        if table is not None and window_kernel_available(table):
+            kernel, skip = c["kernel"], c["skip"]  # (H, L): channel (i, j, h) of the window takes head h's
+
+            def window_step(kv):  # (R, d_h, d_h, H) -> (R, d_h, d_h, H)
+                return window_step_rows_(table, rows, new, kv.flatten(1), kernel, skip).view_as(kv), None
+
+            return lambda q, k, v: self._mix(q, k, v, window_step)[0]
+        return None
 
     def _step_with(self, x_t, state, mask_t, coefficients):
         q, k, v = self._qkv(x_t, mask_t)  # (B, d) each

@@ -112,6 +112,12 @@ class H3Convolution:
         None (an exact window, several orders, heads left exact)."""
         return None
 
+    def single_window_state(self) -> str | None:
+        """The state's name where one window of past inputs holds every head (what
+        :meth:`H3Mixer.step_rows_ <ssmhub.layers.h3.H3Mixer.step_rows_>` shifts in place, its coefficients
+        ``kernel`` and ``skip``); else None."""
+        return None
+
     def modal_form(self, heads: torch.Tensor | None = None, modes: int | None = None) -> ModalKernel:
         """The kernel as a :class:`~ssmhub.ops.modal.ModalKernel` (see the forms)."""
         raise ValueError("this H3 layer is not distilled: call distill(num_modes) first")
@@ -134,6 +140,9 @@ class WindowConvolution(H3Convolution):
 
     def step_coefficients(self):
         return {"kernel": self.long_conv(self.long_conv.max_kernel_length), "skip": self.long_conv.skip}
+
+    def single_window_state(self):
+        return "kv_state"
 
     def _step(self, u_t, state, coefficients):
         s, new = causal_conv_step(u_t, state["kv_state"], coefficients["kernel"], coefficients["skip"])

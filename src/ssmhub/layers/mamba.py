@@ -39,6 +39,7 @@ from ..ops.selective_scan import selective_scan, selective_scan_ref, selective_s
 from ..ops.short_conv import causal_depthwise_conv, conv_window
 from ..ops.triton import pick_triton
 from ..ops.triton.selective_scan import can_run_selective_scan, selective_scan_triton
+from ..ops.window_rows import window_step_rows_
 from .initial_values import fill_initial_values
 from .mamba_options import MambaOptions
 from .mixer import TokenMixer
@@ -248,7 +249,8 @@ class MambaMixer(TokenMixer):
     def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
         """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with the SSM state updated in one pass, in place
         (:func:`~ssmhub.ops.selective_rows.selective_step_rows_`: the decay, the update, the read-out, the skip and
-        the gate fused); the convolution's window (k − 1 inputs per channel) by the tensor step. The protocol's
+        the gate fused), the convolution's window (k − 1 inputs per channel) likewise
+        (:func:`~ssmhub.ops.window_rows.window_step_rows_`). The protocol's
         gather, step and write-back where the kernel cannot run or a gradient is asked for."""
         gradient = torch.is_grad_enabled() and self._gradient_asked(x_t, dict(self.named_parameters()))
         if step is not None or gradient or not selective_kernel_available(tables["ssm_state"]):
@@ -256,9 +258,9 @@ class MambaMixer(TokenMixer):
         self._check_step_input(x_t)
         w = kept_stack(self, [self], lambda: stack_step_weights([self]))  # A = −exp(A_log) formed once, (1, 1, E, N)
         u, z = self.in_proj(x_t).chunk(2, dim=-1)  # (R, E) each
-        history = torch.where(new[:, None, None], 0.0, tables["conv_state"].index_select(0, rows))  # (R, E, k − 1)
-        u, window = conv_silu_step(history, u, w.conv_taps[0], None if w.conv_bias is None else w.conv_bias[0])
-        tables["conv_state"].index_copy_(0, rows, window[..., 1:].float())
+        taps = w.conv_taps[0, 0].flip(-1)  # (E, k): tap j meets the input j steps back
+        bias = None if w.conv_bias is None else w.conv_bias[0, 0]
+        u = F.silu(window_step_rows_(tables["conv_state"], rows, new, u, taps, bias=bias)).to(u.dtype)  # (R, E)
         delta, B, C = self._selective_inputs(u, None)  # (R, E) float32, (R, N) each
         y = selective_step_rows_(tables["ssm_state"], rows, new, u, delta, w.A[0, 0], B, C, w.D[0, 0], z)
         return self.out_proj(y.to(x_t.dtype))  # (R, E) -> (R, H_out)

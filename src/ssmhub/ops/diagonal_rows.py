@@ -14,7 +14,8 @@ the channels in tiles whose weights fit in L2 (:data:`_TILE_FLOATS`) and runs ev
 next, so the weights are fetched from memory once per step instead of once per row, while each row's slice of its
 state is still read front to back.
 
-It is a numba kernel (numba comes with vLLM's CPU build; ``pip install numba`` elsewhere):
+It is a numba kernel (numba comes with vLLM's CPU build; ``pip install numba`` elsewhere), compiled in
+:mod:`~ssmhub.ops.row_kernels` (which prefetches the state ahead of its reads):
 :func:`kernel_available` says whether it can run, and callers keep the tensor step as the fallback and the oracle.
 The sum over modes runs in float32 in whatever order the compiler vectorizes it (``fastmath``): the same numbers
 as the tensor step up to float32 round-off, not bit for bit.
@@ -22,11 +23,9 @@ as the tensor step up to float32 round-off, not bit for bit.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .row_tables import flat_rows, import_numba, rows_kernel_usable
+from .row_tables import flat_rows, rows_kernel_usable
 
 __all__ = ["diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
 
@@ -45,47 +44,6 @@ def modal_kernel_available(table: torch.Tensor) -> bool:
 
 
 _TILE_FLOATS = 32_768  # 128 KB of read-out weights (Re and Im) per tile of channels: L2-resident on current x86
-
-
-@functools.cache
-def _kernel():
-    """The compiled kernel (numba compiles it at the first call of a process; ``cache=True`` keeps it on disk)."""
-    numba = import_numba()
-    import numpy as np
-
-    @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, slot_stride, rows, new, u, lam_re, lam_im, w_re, w_im, z_re, z_im, tile):
-        num_rows, channels = u.shape
-        modes = w_re.shape[1]
-        shared = lam_re.shape[0] == 1  # one λ for every channel (DLR), or a row of λ per channel
-        tiles = (channels + tile - 1) // tile
-        for flat in numba.prange(tiles * num_rows):  # a tile of channels of one row per iteration, rows inner
-            t = flat // num_rows
-            r = flat - t * num_rows
-            for h in range(t * tile, min(channels, (t + 1) * tile)):  # its N modes inside
-                re_at = np.uint64(rows[r] * slot_stride + h * 2 * modes)  # Re x[slot, h, 0]: unsigned, see row_tables
-                im_at = re_at + np.uint64(modes)
-                k = 0 if shared else h
-                if new[r]:  # the zero state before a first token
-                    for n in range(2 * modes):
-                        table[re_at + np.uint64(n)] = 0.0
-                u_rh = u[r, h]
-                acc_re = np.float32(0.0)
-                acc_im = np.float32(0.0)
-                for n in range(modes):
-                    i_re, i_im = re_at + np.uint64(n), im_at + np.uint64(n)
-                    old_re = table[i_re]
-                    old_im = table[i_im]
-                    re = lam_re[k, n] * old_re - lam_im[k, n] * old_im + u_rh
-                    im = lam_re[k, n] * old_im + lam_im[k, n] * old_re
-                    table[i_re] = re
-                    table[i_im] = im
-                    acc_re += re * w_re[h, n] - im * w_im[h, n]
-                    acc_im += re * w_im[h, n] + im * w_re[h, n]
-                z_re[r, h] = acc_re
-                z_im[r, h] = acc_im
-
-    return numba, step_rows
 
 
 def diagonal_step_rows_(
@@ -115,52 +73,16 @@ def diagonal_step_rows_(
     if u_t.shape != (num_rows, channels) or new.shape != (num_rows,):
         raise ValueError(f"u_t must be ({num_rows}, {channels}) and new ({num_rows},); got {tuple(u_t.shape)} and "
                          f"{tuple(new.shape)}")  # fmt: skip
-    numba, step_rows = _kernel()
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    from .row_kernels import diagonal_step_rows, use_torch_threads  # imports numba, at the first call
+
+    use_torch_threads()
     lam = [t.float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) shared, or (H, N)
     weights = [t.float().expand(channels, modes).contiguous().numpy() for t in weights]  # (H, N) each
     z_re, z_im = torch.empty(2, num_rows, channels, device=table.device)  # (R, H) float32 each
     tile = max(1, _TILE_FLOATS // (2 * modes))  # channels whose read-out weights stay in L2 while every row reads them
-    step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
+    diagonal_step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
               *lam, *weights, z_re.numpy(), z_im.numpy(), tile)  # fmt: skip
     return z_re, z_im
-
-
-@functools.cache
-def _outer_kernel():
-    """H3's modal step over table rows (:func:`modal_kv_step_rows_`), compiled at its first call of a process."""
-    numba = import_numba()
-    import numpy as np
-
-    @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, slot_stride, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out):
-        num_rows, heads, width = q.shape
-        modes = lam_re.shape[1]
-        for flat in numba.prange(num_rows * heads * width):  # one (row, head, output channel j) per iteration
-            r = flat // (heads * width)
-            h = (flat // width) % heads
-            j = flat % width
-            acc = np.float32(0.0)
-            for i in range(width):  # the state x[i, j, h, :] reads k_i v_j and is read out against q_i
-                at = np.uint64(rows[r] * slot_stride + ((i * width + j) * heads + h) * modes * 2)  # Re x[..., 0]
-                if new[r]:
-                    for n in range(2 * modes):
-                        table[at + np.uint64(n)] = 0.0
-                u = k[r, h, i] * v[r, h, j]
-                z = np.float32(0.0)
-                for n in range(modes):
-                    i_re = at + np.uint64(2 * n)  # unsigned, see row_tables; Im follows Re
-                    old_re = table[i_re]
-                    old_im = table[i_re + np.uint64(1)]
-                    re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
-                    im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
-                    table[i_re] = re
-                    table[i_re + np.uint64(1)] = im
-                    z += c_re[h, n] * re - c_im[h, n] * im
-                acc += q[r, h, i] * (z + direct[h] * u)
-            out[r, h, j] = acc
-
-    return numba, step_rows
 
 
 def modal_kv_step_rows_(
@@ -195,10 +117,11 @@ def modal_kv_step_rows_(
                          f"({num_rows},); got {tuple(table.shape)} and {tuple(rows.shape)}")  # fmt: skip
     if new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},)")
-    numba, step_rows = _outer_kernel()
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    from .row_kernels import modal_step_rows, use_torch_threads  # imports numba, at the first call
+
+    use_torch_threads()
     planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues)]  # (H, N) each
     out = torch.empty(num_rows, heads, width, device=table.device)
-    step_rows(*flat_rows(torch.view_as_real(table.detach())), rows.long().numpy(), new.bool().numpy(), q.numpy(),
+    modal_step_rows(*flat_rows(torch.view_as_real(table.detach())), rows.long().numpy(), new.bool().numpy(), q.numpy(),
               k.numpy(), v.numpy(), *planes, direct.detach().float().contiguous().numpy(), out.numpy())  # fmt: skip
     return out

@@ -15,19 +15,17 @@ degree-6 polynomial, the power of two built from its exponent bits), which LLVM 
 ulp of exp on the range it clamps to, up to 88.7 from the tensor step's floor
 (:func:`~ssmhub.ops.selective_scan.decay_exponent_floor`: a decay is never subnormal).
 
-It is a numba kernel like :mod:`ssmhub.ops.diagonal_rows` (numba comes with vLLM's CPU build); callers keep the
-tensor step as the fallback and the oracle. The read-out sums in float32 in whatever order the compiler vectorizes
-it (``fastmath``): the tensor step's numbers up to float32 round-off, not bit for bit.
+It is a numba kernel like :mod:`ssmhub.ops.diagonal_rows`, compiled in :mod:`~ssmhub.ops.row_kernels` (numba comes
+with vLLM's CPU build); callers keep the tensor step as the fallback and the oracle. The read-out sums in float32 in
+whatever order the compiler vectorizes it (``fastmath``): the tensor step's numbers up to float32 round-off, not bit
+for bit.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .row_tables import flat_rows, import_numba, rows_kernel_usable
-from .selective_scan import decay_exponent_floor
+from .row_tables import flat_rows, rows_kernel_usable
 
 __all__ = ["selective_kernel_available", "selective_step_rows_"]
 
@@ -37,64 +35,6 @@ def selective_kernel_available(table: torch.Tensor) -> bool:
     with each slot's (E, N) block contiguous, and not under ``torch.compile``
     (:func:`~ssmhub.ops.row_tables.rows_kernel_usable`)."""
     return rows_kernel_usable(table, torch.float32, 3)
-
-
-@functools.cache
-def _kernel():
-    """The compiled kernel (numba compiles it at the first call of a process; ``cache=True`` keeps it on disk)."""
-    import math
-
-    numba = import_numba()
-    import numpy as np
-    from llvmlite import ir
-    from numba.extending import intrinsic
-
-    lowest = np.float32(decay_exponent_floor(torch.float32))  # a constant of the compiled code
-
-    @intrinsic
-    def float_of_bits(typingctx, bits):  # int32 -> the float32 with those bits (LLVM's bitcast, vectorizable)
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
-
-        return numba.types.float32(numba.types.int32), codegen
-
-    @numba.njit(inline="always", fastmath=True)
-    def exp32(x):
-        """Cephes' expf: x = n ln 2 + r, |r| ≤ ln 2 / 2; exp(r) by its minimax polynomial; 2^n from its bits."""
-        x = min(max(x, lowest), np.float32(88.7))
-        n = math.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
-        r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)  # ln 2 = 0.693359375 − 2.12194440e-4
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        p = p * r * r + r + np.float32(1.0)
-        return p * float_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
-
-    @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-    def step_rows(table, slot_stride, rows, new, x, delta, A, B, C, D, gate, y):
-        num_rows, channels = x.shape
-        modes = A.shape[1]
-        for flat in numba.prange(num_rows * channels):  # one (row, channel) per iteration, its N modes inside
-            r = flat // channels
-            e = flat - r * channels
-            at = np.uint64(rows[r] * slot_stride + e * modes)  # state (slot, e, 0): unsigned, see row_tables
-            d = delta[r, e]
-            dx = d * x[r, e]
-            if new[r]:  # the zero state before a first token (whatever the reused slot holds, NaN included)
-                for n in range(modes):
-                    table[at + np.uint64(n)] = 0.0
-            acc = np.float32(0.0)
-            for n in range(modes):
-                i = at + np.uint64(n)
-                h = exp32(d * A[e, n]) * table[i] + dx * B[r, n]
-                table[i] = h
-                acc += h * C[r, n]
-            y[r, e] = (acc + D[e] * x[r, e]) * gate[r, e]
-
-    return numba, step_rows
 
 
 def selective_step_rows_(
@@ -135,12 +75,13 @@ def selective_step_rows_(
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{name} must have shape {shape} for {num_rows} rows of a table {tuple(table.shape)}; "
                              f"got {tuple(tensor.shape)}")  # fmt: skip
-    numba, step_rows = _kernel()
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    from .row_kernels import selective_step_rows, use_torch_threads  # imports numba, at the first call
+
+    use_torch_threads()
     cpu = table.device
     gate = torch.ones(num_rows, channels, device=cpu) if z_t is None else torch.nn.functional.silu(z_t.detach().float())
     skip = torch.zeros(channels, device=cpu) if D is None else D
     operands = [t.detach().float().contiguous().numpy() for t in (x_t, delta_t, A, B_t, C_t, skip, gate)]
     y = torch.empty(num_rows, channels, device=cpu)  # (R, E) float32
-    step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
+    selective_step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
     return y
