@@ -284,7 +284,8 @@ class H3Mixer(TokenMixer):
         no kernel can update its table."""
         modal, window = self.convolution.single_modal_state(), self.convolution.single_window_state()
         if modal is not None and modal_kernel_available(tables[modal[0]]):
-            (name, prefix), lam = modal, (c[modal[1] + "lambda_re"], c[modal[1] + "lambda_im"])
+            name, prefix = modal
+            lam = (c[prefix + "lambda_re"], c[prefix + "lambda_im"])
             residues = (c[prefix + "residue_re"], c[prefix + "residue_im"])
             direct = c[prefix + "d"] + c[prefix + "skip"]
 

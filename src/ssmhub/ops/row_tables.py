@@ -23,7 +23,7 @@ import importlib.util
 
 import torch
 
-__all__ = ["flat_rows", "import_numba", "kernel_importable", "rows_kernel_usable"]
+__all__ = ["check_row_operands", "flat_rows", "import_numba", "kernel_importable", "rows_kernel_usable"]
 
 
 @functools.cache
@@ -68,6 +68,15 @@ def rows_kernel_usable(table: torch.Tensor, dtype: torch.dtype, dim: int) -> boo
         and _slot_blocks_apart(table)
         and not torch.compiler.is_compiling()
     )
+
+
+def check_row_operands(shapes: dict, table: torch.Tensor, num_rows: int) -> None:
+    """``shapes``: name -> (tensor, the shape it must have) for a step of ``num_rows`` rows of ``table``; a
+    ValueError naming the first that differs, before any work."""
+    for name, (tensor, shape) in shapes.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} for {num_rows} rows of a table {tuple(table.shape)}; "
+                             f"got {tuple(tensor.shape)}")  # fmt: skip
 
 
 def flat_rows(table: torch.Tensor):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .row_tables import flat_rows, rows_kernel_usable
+from .row_tables import check_row_operands, flat_rows, rows_kernel_usable
 
 __all__ = ["selective_kernel_available", "selective_step_rows_"]
 
@@ -71,10 +71,7 @@ def selective_step_rows_(
         shapes["z_t"] = (z_t, (num_rows, channels))
     if D is not None:
         shapes["D"] = (D, (channels,))
-    for name, (tensor, shape) in shapes.items():
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape} for {num_rows} rows of a table {tuple(table.shape)}; "
-                             f"got {tuple(tensor.shape)}")  # fmt: skip
+    check_row_operands(shapes, table, num_rows)
     from .row_kernels import selective_step_rows, use_torch_threads  # imports numba, at the first call
 
     use_torch_threads()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .longconv import causal_conv_step
-from .row_tables import flat_rows, rows_kernel_usable
+from .row_tables import check_row_operands, flat_rows, rows_kernel_usable
 
 __all__ = ["window_kernel_available", "window_step_rows_"]
 
@@ -58,10 +58,7 @@ def window_step_rows_(
     for name, tensor in (("skip", skip), ("bias", bias)):
         if tensor is not None:
             shapes[name] = (tensor, (tap_rows,))
-    for name, (tensor, shape) in shapes.items():
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape} for {num_rows} rows of a table {tuple(table.shape)}; "
-                             f"got {tuple(tensor.shape)}")  # fmt: skip
+    check_row_operands(shapes, table, num_rows)
     if not window_kernel_available(table):
         repeat = channels // tap_rows  # channel c = k·T + t takes row t
         taps, skip, bias = (None if t is None else t.repeat(repeat, *[1] * (t.dim() - 1)) for t in (taps, skip, bias))
