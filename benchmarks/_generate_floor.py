@@ -5,7 +5,9 @@ process that runs it (``benchmarks/serving.py --generate-floor``; issue 71).
   steps (a logits processor's clock), the median over ``--repeats`` runs of ``n`` steps: what one more token of
   every row costs, prefill excluded.
 * **Floor**: the serving step's (:mod:`_step_floor`), at the batch's rows: every decode weight's product through
-  oneDNN on a prepared weight (vLLM's CPU GEMM) plus one read and write of every row's state.
+  oneDNN on a prepared weight (vLLM's CPU GEMM), swept once each as a step reads them (results before 2026-12-05
+  evening summed each product timed alone), plus one read and write of every row's state (a fresh buffer's copy:
+  ``generate``'s cache has no engine pages).
 
 ``--src DIR`` puts another checkout's ``src`` first on the path (``git worktree add``): the same measurement of the
 code before a change, in the same run. Prints one JSON row per batch.
@@ -81,8 +83,8 @@ def main(argv=None) -> None:
     for batch in args.batches:
         step = decode_step_ms(model, batch, args.tokens, args.repeats, model.config.vocab_size)
         products, state_ms = weight_products_ms(weights, batch), state_pass_ms(batch * state["bytes"], True)
-        print(json.dumps({"model": args.name, "batch": batch, "step_ms": step, "floor_ms": products + state_ms,
-                          "products_ms": products, "state_ms": state_ms, "tok_s": 1e3 * batch / step,
+        print(json.dumps({"model": args.name, "batch": batch, "step_ms": step, "floor_ms": products["sweep"] + state_ms,
+                          "products_ms": products["sweep"], "state_ms": state_ms, "tok_s": 1e3 * batch / step,
                           "src": str(Path(ssmhub.__file__).parents[1]), "numba": _numba_version()}),
               flush=True)  # fmt: skip
 

@@ -6,9 +6,12 @@
   time one output token of every request costs (scheduler, model, sampler).
 * **Floor**: what no implementation of that step can avoid, timed in the same process and threads right after:
   every weight the step multiplies (each 2-d weight but the embedding tables, the LM head included) on ``rows`` rows
-  through vLLM's own CPU GEMM (``dispatch_cpu_unquantized_gemm``, oneDNN), plus one pass over each request's state:
-  a read and a write of a recurrent state (a copy of its bytes), a read of a transformer's keys and values at the
-  requests' context lengths (a sum over their bytes).
+  through vLLM's own CPU GEMM (``dispatch_cpu_unquantized_gemm``, oneDNN), one after the other as the step reads
+  them (each from memory; runs before 2026-12-05 evening summed each product timed alone, with its weight in the
+  cache, which is ``products_alone_ms`` here), plus one pass over each request's state: a read and a write of a
+  recurrent state, in place in the engine's own state tables (:func:`engine_state_pass_ms`; earlier runs copied a
+  fresh buffer of the same bytes, ``state_fresh_ms`` here), a read of a transformer's keys and values at the
+  requests' context lengths (a sum over a buffer of their bytes).
 
 Each engine runs in a process of its own (``python benchmarks/_step_floor.py --folder ...``, which prints its row as
 JSON): vLLM 0.32 cannot start a second in-process engine in one process.
@@ -20,6 +23,7 @@ per request) say whether two models are compared at equal work.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -39,19 +43,35 @@ def engine_decode_step_ms(llm, token_prompts: list[list[int]], max_tokens: int) 
     from vllm import SamplingParams
 
     engine = llm.llm_engine
+    forwards, hooks = llm.apply_model(_time_forwards)[0]  # the model's forward alone: less its sampler and head
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(token_prompts):
         engine.add_request(f"floor-{i}", {"prompt_token_ids": prompt}, params)
-    generated, times = {}, []
+    generated, times, forward_times = {}, [], []
     while engine.has_unfinished_requests():
         decoding = len(generated) == len(token_prompts)
-        start = time.perf_counter()
+        start, calls = time.perf_counter(), len(forwards)
         outputs = engine.step()
         elapsed = time.perf_counter() - start
         generated.update((o.request_id, len(o.outputs[0].token_ids)) for o in outputs)
         if decoding and not any(o.finished for o in outputs) and len(times) < DECODE_STEPS:
             times.append(elapsed)
-    return 1e3 * statistics.median(times)
+            forward_times.extend(forwards[calls:])
+    for hook in hooks:
+        hook.remove()
+    return {"step": 1e3 * statistics.median(times), "forward": 1e3 * statistics.median(forward_times)}
+
+
+def _time_forwards(model: nn.Module) -> tuple[list[float], list]:
+    """Hooks on vLLM's model (``LLM.apply_model``, in this process) that append each forward's seconds to the list
+    returned, and their handles: the layers, without the LM head (vLLM's ``compute_logits``), the sampler or the
+    scheduler."""
+    times, start = [], [0.0]
+    hooks = [
+        model.register_forward_pre_hook(lambda module, args: start.__setitem__(0, time.perf_counter())),
+        model.register_forward_hook(lambda module, args, output: times.append(time.perf_counter() - start[0])),
+    ]
+    return times, hooks
 
 
 def _timed_ms(call, repeats: int = 20) -> float:
@@ -77,18 +97,22 @@ def decode_weights(model: nn.Module) -> list[torch.Tensor]:
     return list(weights.values())
 
 
-def weight_products_ms(weights: list[torch.Tensor], rows: int) -> float:
-    """ms of every weight's product with ``rows`` rows on vLLM's CPU GEMM (each timed alone, summed)."""
+def weight_products_ms(weights: list[torch.Tensor], rows: int) -> dict[str, float]:
+    """ms of every weight's product with ``rows`` rows on vLLM's CPU GEMM: ``sweep``, all of them one after the
+    other, each once, as a step multiplies them (median of sweeps: each weight read from memory, the floor), and
+    ``each_alone``, each timed alone and summed (the floor of earlier runs: 20 products in a row with one weight
+    read it from the cache 19 times, which no step can, its weights together some 300 MB)."""
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    total = 0.0
+    products = []
     for weight in weights:
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
         linear.weight.data = weight.detach().float().contiguous()
         dispatch_cpu_unquantized_gemm(linear, remove_weight=False)
         x = torch.randn(rows, weight.shape[1])
-        total += _timed_ms(lambda linear=linear, x=x: linear.cpu_linear(x, linear.weight, None))
-    return total
+        products.append(lambda linear=linear, x=x: linear.cpu_linear(x, linear.weight, None))
+    sweep = _timed_ms(lambda: [product() for product in products])
+    return {"sweep": sweep, "each_alone": sum(_timed_ms(product) for product in products)}
 
 
 def state_pass_ms(state_bytes: int, write: bool, allocations: int = 3) -> float:
@@ -96,6 +120,26 @@ def state_pass_ms(state_bytes: int, write: bool, allocations: int = 3) -> float:
     of ``allocations`` fresh buffers (the same pass over ~300 MB took 7.5 ms in one buffer and 13.2 in another: the
     floor is what the memory allows)."""
     return min(_one_pass_ms(state_bytes, write) for _ in range(allocations))  # one buffer (pair) alive at a time
+
+
+def engine_state_pass_ms(llm, rows: int) -> float | None:
+    """ms of one pass over the engine's own state tables, where its requests' states lie: a read and a write of
+    every byte of ``rows`` slots of every recurrent layer (vLLM's ``MambaBase`` layers, ssmhub's and its own), in
+    place as a step updates them; None for a model without such tables (GPT-2). The floor's state pass: a fresh
+    buffer's copy took 7.3 ms in one process and 12.6 ms in another for the same bytes, and what the step pays is
+    the memory its tables were given."""
+    return llm.apply_model(functools.partial(_state_tables_pass_ms, rows=rows))[0]
+
+
+def _state_tables_pass_ms(model: nn.Module, rows: int) -> float | None:
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    layers = [*model.modules(), *getattr(model, "served", [])]  # ssmhub's served layers sit outside the tree
+    tables = [t for layer in layers if isinstance(layer, MambaBase) for t in layer.kv_cache if t.numel()]
+    # slots 1..rows (0 is vLLM's null block), as 32-bit integers: a read and a write of each byte, and no float
+    # arithmetic (a state's subnormal floats would cost a microcode assist each)
+    slots = [table[1 : 1 + rows].view(torch.int32) for table in tables]
+    return _timed_ms(lambda: [view.bitwise_or_(0) for view in slots]) if slots else None
 
 
 def _one_pass_ms(state_bytes: int, write: bool) -> float:
@@ -129,14 +173,18 @@ def step_floor_row(name: str, llm, model: nn.Module, token_prompts: list[list[in
     plus half the output)."""
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0", "the step is timed in this process"
     rows, max_tokens = len(token_prompts), 128
-    step = engine_decode_step_ms(llm, token_prompts, max_tokens)
+    timed = engine_decode_step_ms(llm, token_prompts, max_tokens)
+    step = timed["step"]
     products = weight_products_ms(decode_weights(model), rows)
-    state_ms = state_pass_ms(rows * state["bytes"], state["writes"])
-    floor = products + state_ms
+    fresh_ms = state_pass_ms(rows * state["bytes"], state["writes"])
+    state_ms = (engine_state_pass_ms(llm, rows) if state["writes"] else None) or fresh_ms
+    floor = products["sweep"] + state_ms
     decode_params = sum(w.numel() for w in decode_weights(model))
     return {"model": name, "rows": rows, "decode_params": decode_params, "state_bytes": state["bytes"],
-            "step_ms": step, "products_ms": products, "state_ms": state_ms, "floor_ms": floor,
-            "floor_fraction": floor / step, "tok_s": 1e3 * rows / step}  # fmt: skip
+            "step_ms": step, "forward_ms": timed["forward"], "products_ms": products["sweep"],
+            "products_alone_ms": products["each_alone"],
+            "state_ms": state_ms, "state_fresh_ms": fresh_ms, "floor_ms": floor, "floor_fraction": floor / step,
+            "tok_s": 1e3 * rows / step}  # fmt: skip
 
 
 def main(argv=None) -> None:

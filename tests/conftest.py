@@ -3,7 +3,9 @@ the device named by ``$SSMHUB_TEST_DEVICE`` (default: the CPU; benchmarks/gpu_su
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 import pytest
 import torch
@@ -29,6 +31,21 @@ def _run_tests_on(device: str) -> None:
 
 if os.environ.get(TEST_DEVICE_ENV, "cpu") != "cpu":
     _run_tests_on(os.environ[TEST_DEVICE_ENV])
+
+
+def _inductor_cache_per_capability() -> None:
+    """One torch.compile cache per ``ATEN_CPU_CAPABILITY`` (``make test`` and ``make test-portable`` run one after
+    the other). Inductor writes a graph's C++ for the vector ISA that variable picks, but its graph cache keys the
+    graph without it, so a process of the other capability gets code it then builds for its own ISA: SeRpEnt's
+    compiled decode step gave wrong numbers from AVX-512 code built for AVX2, and aborted the other way round."""
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"
+    )
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "default")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"capability-{capability}")
+
+
+_inductor_cache_per_capability()
 
 
 @pytest.fixture

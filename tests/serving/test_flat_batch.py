@@ -115,6 +115,17 @@ def test_compiled_decode_rows_equal_eager(name):
         same_values(compiled[field], value, rel=MODEL_REL, what=f"{name} {field}")
 
 
+@pytest.mark.parametrize("name", ["dlr", "serpent-mamba", "serpent"])
+def test_a_mixer_with_a_one_pass_kernel_compiles_only_what_the_kernel_leaves(name):
+    """A served mixer whose kernel (numba) steps all of its state runs it eagerly under a compiled engine, and
+    compiles its whole step without one; SeRpEnt with resampling branches (its base Mamba's kernel, the branches'
+    many small ops) compiles its whole step either way."""
+    mixer = _mixer(name)
+    compiled = name == "serpent" or not mixer.steps_rows_in_one_pass
+    assert mixer.compiles_whole_step is compiled
+    assert (compiled_decode(mixer) is decode_rows) is not compiled
+
+
 def test_a_decode_torch_compile_fails_on_falls_back_to_eager_with_a_warning():
     calls = []
 

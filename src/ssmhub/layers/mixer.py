@@ -196,6 +196,13 @@ class TokenMixer(nn.Module):
         (then ``torch.compile`` around it has nothing left to fuse)."""
         return False
 
+    @property
+    def compiles_whole_step(self) -> bool:
+        """Whether a compiled decode (:func:`~ssmhub.serving.flat_batch.compiled_decode`, a serving engine's unless
+        it runs eagerly) compiles this mixer's whole :meth:`step`, its rows gathered and written back around it,
+        rather than run :meth:`step_rows_` eagerly: where no kernel of its own steps all of its state in one pass."""
+        return not self.steps_rows_in_one_pass
+
     def init_state(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> MixerState:
         """The state before the first token: zeros of :meth:`state_layout` (a growing length starts at 0), on
         ``device`` (default: the mixer's)."""

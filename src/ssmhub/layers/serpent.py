@@ -474,6 +474,14 @@ class SerpentMixer(TokenMixer):
         windows and Mambas of width H_b)."""
         return self.base.steps_rows_in_one_pass
 
+    @property
+    def compiles_whole_step(self) -> bool:
+        """With resampling branches, yes: only the base Mamba has a one-pass kernel, and each branch's clock, window,
+        compression and Mamba is dozens of small ops per token, which Inductor fuses with the base's step (served
+        step, 32 requests: ``benchmarks/results/serving_floor.md``); eagerly (``generate``) :meth:`step_rows_` keeps
+        the base's kernel."""
+        return bool(len(self.resampled)) or not self.steps_rows_in_one_pass
+
     def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
         """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_`: the base Mamba's
         (:meth:`MambaMixer.step_rows_ <ssmhub.layers.mamba.MambaMixer.step_rows_>`) on its ``base.`` tables, then

@@ -12,6 +12,7 @@ still see it) and its forward becomes the engine's product. This module imports 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 from vllm.platforms import current_platform
@@ -22,7 +23,12 @@ __all__ = ["use_engine_gemm"]
 
 
 def _engine_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """x (..., in) -> (..., out) by the engine's product of ``module``'s prepared weight (``cpu_linear``)."""
+    """x (..., in) -> (..., out) by the engine's product of ``module``'s prepared weight (``cpu_linear``), also
+    inside a compiled decode step, except for one input feature there (an outer product, which Inductor fuses): the
+    engine's product wants its operand's last stride 1, and Inductor keeps no stride for a dimension of size 1 (a
+    (1, 1) operand came with strides (9, 9))."""
+    if module.in_features == 1 and torch.compiler.is_compiling():
+        return F.linear(x, module.weight, module.bias)
     return module.cpu_linear(x.contiguous(), module.weight, module.bias)
 
 

@@ -102,11 +102,11 @@ def _compiled(function):
 
 def compiled_decode(mixer: TokenMixer) -> Decode:
     """:func:`decode_rows` compiled for ``mixer`` (``torch.compile``, dynamic batch): as it is where the mixer steps
-    its rows in one pass with a kernel of its own; whole where its state is one
+    its rows in one pass with a kernel of its own (``not mixer.compiles_whole_step``); whole where its state is one
     tensor, so the gather, the state update and the write-back fuse into one pass over the slots; else the step
     alone, gathered and written back eagerly (several states are views of one byte page, whose in-place update
     torch.compile refuses). The same numbers as eager up to float32 round-off (fused, reordered sums)."""
-    if mixer.steps_rows_in_one_pass:  # its own kernel: nothing left for Inductor to fuse
+    if not mixer.compiles_whole_step:  # its own kernel: nothing left for Inductor to fuse
         return decode_rows
     if len(mixer.state_layout(1)) == 1:
         return _eager_on_failure(_compiled(decode_rows), decode_rows)
