@@ -175,11 +175,12 @@ def step_floor_row(name: str, llm, model: nn.Module, token_prompts: list[list[in
     rows, max_tokens = len(token_prompts), 128
     timed = engine_decode_step_ms(llm, token_prompts, max_tokens)
     step = timed["step"]
-    products = weight_products_ms(decode_weights(model), rows)
+    weights = decode_weights(model)
+    products = weight_products_ms(weights, rows)
     fresh_ms = state_pass_ms(rows * state["bytes"], state["writes"])
     state_ms = (engine_state_pass_ms(llm, rows) if state["writes"] else None) or fresh_ms
     floor = products["sweep"] + state_ms
-    decode_params = sum(w.numel() for w in decode_weights(model))
+    decode_params = sum(w.numel() for w in weights)
     return {"model": name, "rows": rows, "decode_params": decode_params, "state_bytes": state["bytes"],
             "step_ms": step, "forward_ms": timed["forward"], "products_ms": products["sweep"],
             "products_alone_ms": products["each_alone"],
