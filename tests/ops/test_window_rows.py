@@ -48,9 +48,9 @@ def _inputs(slots, channels, window, rows, taps, seed, tap_rows=None):
 @pytest.mark.parametrize(
     "channels, window, slots, rows, taps, tap_rows",
     [(7, 3, 9, [5, 1, 7, 2], 4, 7), (3, 5, 40, list(range(39, 6, -1)), 6, 3), (1, 1, 2, [1], 2, 1),
-     (6, 4, 5, [4, 0], 2, 6), (5, 2, 4, [1, 3], 7, 5), (12, 40, 4, [2, 0, 3], 41, 3)],
+     (6, 4, 5, [4, 0], 2, 6), (5, 2, 4, [1, 3], 7, 5), (12, 40, 4, [2, 0, 3], 41, 3), (4, 3, 5, [2, 4], 1, 2)],
     ids=["odd widths", "33 rows out of order", "one row", "fewer taps than the window", "more taps than it reaches",
-         "channels sharing a filter, a long window"],
+         "channels sharing a filter, a long window", "only the current input's tap"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
 def test_kernel_equals_the_float64_window_step(channels, window, slots, rows, taps, tap_rows, layout):

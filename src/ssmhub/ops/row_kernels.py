@@ -204,26 +204,31 @@ def selective_step_rows(table, slot_stride, rows, new, x, delta, A, B, C, D, gat
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def window_step_rows(table, slot_stride, window, rows, new, u, taps, skip, bias, y):
+def window_step_rows(table, slot_stride, window, rows, new, u, taps, current, bias, y):
     """A short causal convolution's step over table rows, its window shifted in place
-    (:func:`~ssmhub.ops.window_rows.window_step_rows_`); channel c takes the taps, skip and bias of row c mod T."""
+    (:func:`~ssmhub.ops.window_rows.window_step_rows_`); channel c takes the taps, current-input weight and bias of
+    row c mod T. One sweep per window: each input is met by its tap and moved one place as it is read. Channels
+    outside, rows inside: a channel's taps are read from cache by every row (H3's long filters are 8 KB a channel,
+    6 MB a layer)."""
     num_rows, channels = u.shape
-    tap_rows = taps.shape[0]
-    oldest = max(0, window + 1 - taps.shape[1])  # the oldest input a tap meets: window[window − j] for tap j
-    for flat in numba.prange(num_rows * channels):  # one (row, channel) per iteration, its window inside
-        r = flat // channels
-        c = flat - r * channels
+    tap_rows, tap_count = taps.shape
+    flat_taps = taps.reshape(-1)
+    for c in numba.prange(channels):  # one channel per iteration, each row's window inside
         t = c % tap_rows
-        at = np.uint64(rows[r] * slot_stride + c * window)  # window (slot, c, 0), the oldest input
-        u_rc = u[r, c]
-        acc = (taps[t, 0] + skip[t]) * u_rc + bias[t]
-        if new[r]:  # a new request: an empty window (zeros), whatever the reused slot holds
-            for s in range(window - 1):
-                table[at + np.uint64(s)] = 0.0
-        else:  # each input met by its tap, then moved one place towards the oldest (from cache, just read)
-            for s in range(oldest, window):
-                acc += taps[t, window - s] * table[at + np.uint64(s)]
-            for s in range(1, window):
-                table[at + np.uint64(s - 1)] = table[at + np.uint64(s)]
-        table[at + np.uint64(window - 1)] = u_rc
-        y[r, c] = acc
+        oldest_tap = np.uint64(t * tap_count + window)  # taps[t, window − s] meets window place s
+        weight, offset = current[t], bias[t]
+        for r in range(num_rows):
+            at = np.uint64(rows[r] * slot_stride + c * window)  # window (slot, c, 0), the oldest input
+            u_rc = u[r, c]
+            acc = weight * u_rc + offset
+            if new[r]:  # a new request: an empty window (zeros), whatever the reused slot holds
+                for s in range(window - 1):
+                    table[at + np.uint64(s)] = 0.0
+            else:
+                acc += flat_taps[oldest_tap] * table[at]
+                for s in range(1, window):
+                    held = table[at + np.uint64(s)]
+                    acc += flat_taps[oldest_tap - np.uint64(s)] * held
+                    table[at + np.uint64(s - 1)] = held
+            table[at + np.uint64(window - 1)] = u_rc
+            y[r, c] = acc

@@ -14,6 +14,7 @@ those tensor ops where the kernel cannot run (no numba, another dtype, under ``t
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .longconv import causal_conv_step
 from .row_tables import check_row_operands, flat_rows, rows_kernel_usable
@@ -69,10 +70,13 @@ def window_step_rows_(
     from .row_kernels import use_torch_threads, window_step_rows  # imports numba, at the first call
 
     use_torch_threads()
-    cpu = table.device
-    skip, bias = (torch.zeros(tap_rows, device=cpu) if t is None else t for t in (skip, bias))
-    operands = [t.detach().float().contiguous().numpy() for t in (u_t, taps, skip, bias)]
+    cpu, window = table.device, table.shape[2]
+    taps = taps.detach().float()
+    if taps.shape[1] <= window:  # fewer taps than the window reaches: zeros past K, (T, M + 1)
+        taps = F.pad(taps, (0, window + 1 - taps.shape[1]))
+    skip, bias = (torch.zeros(tap_rows, device=cpu) if t is None else t.detach().float() for t in (skip, bias))
+    current = taps[:, 0] + skip  # (T,): the weight of u_t
+    operands = [t.contiguous().numpy() for t in (u_t.detach().float(), taps, current, bias)]
     y = torch.empty(num_rows, channels, device=cpu)  # (R, H) float32
-    window = table.shape[2]
     window_step_rows(*flat_rows(table), window, rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
     return y
