@@ -138,17 +138,33 @@ def generate_floor_targets(now: list[dict], before: list[dict]) -> list[str]:
 
 def generate_floor_section(families: list[str], folders: dict[str, Path], args) -> tuple[list[str], list[str]]:
     """The report's section and target lines for ``--generate-floor`` (nothing when no batch is asked for); with
-    ``--baseline-src``, the code there measured too, after this checkout's."""
+    ``--baseline-src``, the code there measured too, after this checkout's, ``--generate-rounds`` times in turn."""
     if not args.generate_floor:
         return [], []
-    now = [row for name in families for row in generate_floor_rows(name, folders[name], args, None)]
-    before = []
-    if args.baseline_src is not None:
-        before = [row for name in families for row in generate_floor_rows(name, folders[name], args, args.baseline_src)]
+    now, before = [], []
+    for _ in range(args.generate_rounds):
+        now += [row for name in families for row in generate_floor_rows(name, folders[name], args, None)]
+        if args.baseline_src is not None:
+            before += [row for name in families
+                       for row in generate_floor_rows(name, folders[name], args, args.baseline_src)]  # fmt: skip
+    now, before = median_rows(now), median_rows(before)
     table = "\n".join(generate_floor_table(now, before))
     numba = ", ".join(sorted({str(row.get("numba")) for row in now + before}))
-    header = f"## generate's decode step against its byte floor\n\nnumba: {numba}; python: {sys.executable}"
+    rounds = f"; each row the median of {args.generate_rounds} rounds" if args.generate_rounds > 1 else ""
+    header = f"## generate's decode step against its byte floor\n\nnumba: {numba}; python: {sys.executable}{rounds}"
     return [f"{header}\n\n{table}"], generate_floor_targets(now, before)
+
+
+def median_rows(rows: list[dict]) -> list[dict]:
+    """One row per (model, batch): the median of its rounds' step, floor, products and state pass (tokens/s of the
+    median step)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["batch"]), []).append(row)
+    timed = ("step_ms", "floor_ms", "products_ms", "state_ms")
+    medians = [{**group[0], **{key: statistics.median(r[key] for r in group) for key in timed}}
+               for group in groups.values()]  # fmt: skip
+    return [{**row, "tok_s": 1e3 * row["batch"] / row["step_ms"]} for row in medians]
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="a checkout of the code before a change (git worktree): --generate-floor measures "
                              "it too, in its own processes")  # fmt: skip
+    parser.add_argument("--generate-rounds", type=int, default=1,
+                        help="--generate-floor's processes this many times, this checkout's and the baseline's "
+                             "in turn; each row the median of its rounds (a noisy machine's slow minutes hit "
+                             "both)")  # fmt: skip
     parser.add_argument("--chat-turns", type=int, default=0, help="serve conversations of this many turns with "
                         "prefix caching (_serving_chat; 0: skip)")  # fmt: skip
     parser.add_argument("--chat-conversations", type=int, default=32)
@@ -75,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if any(c < 1 for c in args.concurrency + args.generate_floor) or min(args.repeats, args.long_factor) < 1:
         parser.error("--concurrency, --generate-floor, --repeats and --long-factor take positive integers")
+    if args.generate_rounds < 1:
+        parser.error(f"--generate-rounds takes a positive integer; got {args.generate_rounds}")
     if min(args.step_floor, args.chat_turns) < 0 or args.chat_conversations < 1:
         parser.error("--step-floor and --chat-turns take integers ≥ 0, --chat-conversations a positive one")
     if args.baseline_src is not None and not (args.baseline_src / "src" / "ssmhub").is_dir():

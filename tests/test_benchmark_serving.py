@@ -8,7 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import serving
-from _generate_floor import generate_floor_table, generate_floor_targets
+from _generate_floor import generate_floor_table, generate_floor_targets, median_rows
 from _serving_chat import ANSWER_TOKENS, MESSAGE_TOKENS, chat_context, chat_table, chat_targets
 from _serving_models import (
     SIZES,
@@ -138,6 +138,17 @@ def test_the_generate_floor_table_and_targets_read_both_runs():
     targets = "\n".join(generate_floor_targets(now, before))
     assert "dlr: generate at 32 rows ≥ 2× the tokens/s before: **met** (4.00×)" in targets
     assert "h3: generate at 32 rows ≥ 2× the tokens/s before: **missed** (1.25×)" in targets
+
+
+def test_rounds_of_generate_floor_rows_read_as_their_medians():
+    def row(batch, step_ms, floor_ms):
+        return {"model": "dlr", "batch": batch, "step_ms": step_ms, "floor_ms": floor_ms, "products_ms": floor_ms,
+                "state_ms": 0.0, "tok_s": 1e3 * batch / step_ms, "numba": "0.68.1"}  # fmt: skip
+
+    rounds = [row(32, 40.0, 20.0), row(1, 10.0, 4.0), row(32, 90.0, 22.0), row(32, 50.0, 30.0), row(1, 12.0, 6.0)]
+    medians = {r["batch"]: r for r in median_rows(rounds)}
+    assert (medians[32]["step_ms"], medians[32]["floor_ms"], medians[32]["tok_s"]) == (50.0, 22.0, 640.0)
+    assert (medians[1]["step_ms"], medians[1]["floor_ms"], medians[1]["numba"]) == (11.0, 5.0, "0.68.1")
 
 
 def test_the_chat_table_and_targets_read_the_turns():
