@@ -141,17 +141,16 @@ def generate_floor_section(families: list[str], folders: dict[str, Path], args) 
     ``--baseline-src``, the code there measured too, after this checkout's, ``--generate-rounds`` times in turn."""
     if not args.generate_floor:
         return [], []
-    now, before = [], []
+    sources = [None] if args.baseline_src is None else [None, args.baseline_src]
+    rounds = {src: [] for src in sources}
     for _ in range(args.generate_rounds):
-        now += [row for name in families for row in generate_floor_rows(name, folders[name], args, None)]
-        if args.baseline_src is not None:
-            before += [row for name in families
-                       for row in generate_floor_rows(name, folders[name], args, args.baseline_src)]  # fmt: skip
-    now, before = median_rows(now), median_rows(before)
+        for src in sources:
+            rounds[src] += [row for name in families for row in generate_floor_rows(name, folders[name], args, src)]
+    now, before = median_rows(rounds[None]), median_rows(rounds[args.baseline_src]) if args.baseline_src else []
     table = "\n".join(generate_floor_table(now, before))
     numba = ", ".join(sorted({str(row.get("numba")) for row in now + before}))
-    rounds = f"; each row the median of {args.generate_rounds} rounds" if args.generate_rounds > 1 else ""
-    header = f"## generate's decode step against its byte floor\n\nnumba: {numba}; python: {sys.executable}{rounds}"
+    median = f"; each row the median of {args.generate_rounds} rounds" if args.generate_rounds > 1 else ""
+    header = f"## generate's decode step against its byte floor\n\nnumba: {numba}; python: {sys.executable}{median}"
     return [f"{header}\n\n{table}"], generate_floor_targets(now, before)
 
 

@@ -77,10 +77,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=Path("runs/serving"))
     parser.add_argument("--name", default="serving")
     args = parser.parse_args(argv)
-    if any(c < 1 for c in args.concurrency + args.generate_floor) or min(args.repeats, args.long_factor) < 1:
-        parser.error("--concurrency, --generate-floor, --repeats and --long-factor take positive integers")
-    if args.generate_rounds < 1:
-        parser.error(f"--generate-rounds takes a positive integer; got {args.generate_rounds}")
+    if (
+        any(c < 1 for c in args.concurrency + args.generate_floor)
+        or min(args.repeats, args.long_factor, args.generate_rounds) < 1
+    ):
+        parser.error("--concurrency, --generate-floor, --repeats, --long-factor and --generate-rounds take positive "
+                     "integers")  # fmt: skip
     if min(args.step_floor, args.chat_turns) < 0 or args.chat_conversations < 1:
         parser.error("--step-floor and --chat-turns take integers ≥ 0, --chat-conversations a positive one")
     if args.baseline_src is not None and not (args.baseline_src / "src" / "ssmhub").is_dir():
