@@ -98,11 +98,17 @@ def _numba_version() -> str | None:
     return numba.__version__
 
 
-def generate_floor_rows(name: str, folder: Path, args, src: Path | None) -> list[dict]:
-    """:func:`main`'s rows for one model in a process of its own, on ``src`` (None: this checkout's code)."""
+def code_environment(src: Path | None) -> dict[str, str]:
+    """The environment of a process that runs ssmhub from the checkout ``src`` (None: this one's)."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(src) / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def generate_floor_rows(name: str, folder: Path, args, src: Path | None) -> list[dict]:
+    """:func:`main`'s rows for one model in a process of its own, on ``src`` (None: this checkout's code)."""
+    env = code_environment(src)
     command = [sys.executable, __file__, "--folder", str(folder), "--name", name, "--threads", str(args.threads),
                "--repeats", str(args.repeats), "--batches", *map(str, args.generate_floor)]  # fmt: skip
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)

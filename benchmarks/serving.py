@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import torch
-from _generate_floor import generate_floor_section
+from _generate_floor import code_environment, generate_floor_section
 from _report import write_report
 from _serving_chat import chat_context, chat_section_and_targets
 from _serving_models import FAMILIES, PEERS, SIZES, save_models
@@ -61,8 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="time each family's generate step at these batches against its byte floor "
                              "(_generate_floor)")  # fmt: skip
     parser.add_argument("--baseline-src", type=Path, default=None,
-                        help="a checkout of the code before a change (git worktree): --generate-floor measures "
-                             "it too, in its own processes")  # fmt: skip
+                        help="a checkout of the code before a change (git worktree): --generate-floor and "
+                             "--step-floor measure it too, in its own processes")  # fmt: skip
     parser.add_argument("--generate-rounds", type=int, default=1,
                         help="--generate-floor's processes this many times, this checkout's and the baseline's "
                              "in turn; each row the median of its rounds (a noisy machine's slow minutes hit "
@@ -182,21 +182,36 @@ def generate_rows(name: str, folder: Path, args, vocab: int) -> list[dict]:
     return rows
 
 
-def step_floor_rows(names: list[str], folders: dict[str, Path], args, vocab: int) -> list[dict]:
+def step_floor_rows(names: list[str], folders: dict[str, Path], args, vocab: int) -> tuple[list[dict], list[dict]]:
     """Each engine's decode step at ``--step-floor`` requests against its byte floor (_step_floor), each in a
-    process of its own."""
+    process of its own; with ``--baseline-src``, the code there right after this checkout's, model by model.
+    Returns (this checkout's rows, the baseline's)."""
     arguments = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
-    rows = []
+    rows = {None: [], args.baseline_src: []}
     for name in names:
-        command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder", str(folders[name]),
-                   "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-        if done.returncode:
-            print(f"{name}: the step-floor run failed (exit {done.returncode}); its row is left out", flush=True)
-            continue
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(rows[-1], flush=True)
-    return rows
+        for src in rows:
+            command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder",
+                       str(folders[name]), "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
+            done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=code_environment(src))
+            if done.returncode:
+                print(f"{name}: the step-floor run on {src or 'this checkout'} failed (exit {done.returncode}); its "
+                      "row is left out", flush=True)  # fmt: skip
+                continue
+            rows[src].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(src or "this checkout", rows[src][-1], flush=True)
+    return rows[None], rows[args.baseline_src] if args.baseline_src else []
+
+
+def step_floor_change_table(now: list[dict], before: list[dict]) -> list[str]:
+    """This checkout's step against the baseline's, model by model (the two processes one after the other)."""
+    lines = ["| model | step ms before | step ms now | tok/s now ÷ before | floor ÷ step before | floor ÷ step now |",
+             "|---" * 6 + "|"]  # fmt: skip
+    earlier = {r["model"]: r for r in before}
+    for r in [r for r in now if r["model"] in earlier]:
+        b = earlier[r["model"]]
+        lines.append(f"| {r['model']} | {b['step_ms']:.1f} | {r['step_ms']:.1f} | {r['tok_s'] / b['tok_s']:.2f}× | "
+                     f"{100 * b['floor_fraction']:.0f}% | {100 * r['floor_fraction']:.0f}% |")  # fmt: skip
+    return lines
 
 
 def step_floor_table(rows: list[dict]) -> list[str]:
@@ -321,10 +336,13 @@ def main(argv=None) -> None:
         head = f"## Output tokens/s (median ms per output token), {size.name}: width {size.hidden}"
         head += f", {size.layers} layers, vocabulary {size.vocab}"
         sections.append(f"{head}\n\n" + "\n".join(concurrency_table(rows, params)))
-    floor = step_floor_rows(args.models, folders, args, size.vocab) if args.step_floor else []
+    floor, floor_before = step_floor_rows(args.models, folders, args, size.vocab) if args.step_floor else ([], [])
     if floor:
         sections.append(f"## Decode step against its byte floor, {args.step_floor} running requests\n\n"
                         + "\n".join(step_floor_table(floor)))  # fmt: skip
+    if floor_before:
+        sections.append(f"## Decode step before ({args.baseline_src}) and now, {args.step_floor} running requests"
+                        "\n\n" + "\n".join(step_floor_change_table(floor, floor_before)))  # fmt: skip
     generate_section, generate_targets = generate_floor_section(
         [m for m in args.models if m in FAMILIES], folders, args
     )

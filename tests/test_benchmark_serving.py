@@ -124,6 +124,8 @@ def test_the_step_floor_table_and_targets_read_the_rows():
     assert "dlr: ≥ 1.0× vLLM's Mamba-2 decode tokens/s at 32 requests: **missed** (0.88×)" in targets
     assert "dlr: ≥ 80% of its byte floor: **missed** (75%)" in targets
     assert "bdlrnn: ≥ 70% of its byte floor: **met** (72%)" in targets and "bdlrnn: ≥ 1.0×" not in targets
+    change = serving.step_floor_change_table([rows[0], rows[2]], [row("dlr", 50.0, 30.0)])  # a baseline's rows
+    assert change[2:] == ["| dlr | 50.0 | 40.0 | 1.25× | 60% | 75% |"]  # mamba2: no baseline row, none here
 
 
 def test_the_generate_floor_table_and_targets_read_both_runs():

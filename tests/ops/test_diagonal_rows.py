@@ -151,8 +151,20 @@ def _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct):
 
 @pytest.mark.parametrize(
     "width, heads, modes, slots, rows",
-    [(3, 2, 5, 7, [6, 0, 2]), (2, 1, 3, 40, list(range(39, 6, -1))), (1, 1, 1, 2, [1]), (2, 21, 100, 3, [2, 0])],
-    ids=["odd widths", "33 rows", "one row", "heads past the prefetch distance"],
+    [
+        (3, 2, 5, 7, [6, 0, 2]),
+        (2, 1, 3, 40, list(range(39, 6, -1))),
+        (1, 1, 1, 2, [1]),
+        (2, 21, 100, 3, [2, 0]),
+        (2, 5, 3000, 3, [2, 0]),
+    ],
+    ids=[
+        "odd widths",
+        "33 rows",
+        "one row",
+        "heads past the prefetch distance",
+        "three tiles of heads, the last partial",
+    ],  # 3000 modes: 2 heads a tile (_TILE_FLOATS)
 )
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
 def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows, layout):

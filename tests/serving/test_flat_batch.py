@@ -17,7 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "conformance"))
 from comparisons import MODEL_REL, same_values
 from families import FAMILIES
 
-from ssmhub.serving.flat_batch import FlatBatch, _eager_on_failure, compiled_decode, decode_rows, mix_flat_batch
+from ssmhub.serving.flat_batch import (
+    FlatBatch,
+    StepBatches,
+    _eager_on_failure,
+    compiled_decode,
+    decode_rows,
+    mix_flat_batch,
+)
 from ssmhub.serving.state_pages import StatePages
 
 MIXERS = {f.name: f for f in FAMILIES if f.causal_lm is not None}
@@ -137,3 +144,19 @@ def test_a_decode_torch_compile_fails_on_falls_back_to_eager_with_a_warning():
     with pytest.warns(RuntimeWarning, match="no kernel for this"):
         assert decode(1, 2) == "eager result"
     assert decode(1, 2) == "eager result" and calls == ["compiled", "eager", "eager"]  # compiled is not tried again
+
+
+def test_a_steps_batch_is_read_once_and_again_at_the_next_step_even_from_the_same_buffers():
+    batches = StepBatches()
+    offsets, seq_lens, slots = torch.tensor([0, 1, 2, 5]), torch.tensor([4, 1, 3]), torch.tensor([2, 0, 1, 9])
+    step = object()  # what an engine makes anew for each step (vLLM's forward context)
+    first = batches.batch(step, 2, offsets, seq_lens, slots)
+    assert batches.batch(step, 2, offsets, seq_lens, slots) is first  # the step's next layer: nothing read again
+    assert first.lengths == (1, 1, 3) and first.continues == (True, False, False)
+    assert first.fresh_decodes.tolist() == [False, True] and first.slots.tolist() == [2, 0, 1]
+    group = batches.batch(step, 2, offsets, seq_lens, torch.tensor([5, 6, 7, 9]))  # another KV-cache group's slots
+    assert group.lengths == first.lengths and group.slots.tolist() == [5, 6, 7]
+    offsets.copy_(torch.tensor([0, 1, 3, 5])), seq_lens.copy_(torch.tensor([5, 4, 2]))  # an engine's buffers, reused
+    following = batches.batch(object(), 1, offsets, seq_lens, slots)  # the next step: read again
+    assert following.lengths == (1, 2, 2) and following.continues == (True, True, False)
+    assert following.fresh_decodes.tolist() == [False]

@@ -12,7 +12,8 @@ form: one diagonal state per pair of a head's channels, driven by the outer prod
 Every row reads the same read-out weights w (H, N), as large as one row's state. :func:`diagonal_step_rows_` walks
 the channels in tiles whose weights fit in L2 (:data:`_TILE_FLOATS`) and runs every row through a tile before the
 next, so the weights are fetched from memory once per step instead of once per row, while each row's slice of its
-state is still read front to back.
+state is still read front to back. :func:`modal_kv_step_rows_` does the same with its heads, whose λ and residues
+are four (H, N) planes.
 
 It is a numba kernel (numba comes with vLLM's CPU build; ``pip install numba`` elsewhere), compiled in
 :mod:`~ssmhub.ops.row_kernels` (which prefetches the state ahead of its reads):
@@ -120,8 +121,9 @@ def modal_kv_step_rows_(
     from .row_kernels import modal_step_rows, use_torch_threads  # imports numba, at the first call
 
     use_torch_threads()
-    planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues)]  # (H, N) each
+    planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues, direct)]  # (H, N) each, D (H,)
     out = torch.empty(num_rows, heads, width, device=table.device)
+    tile = max(1, _TILE_FLOATS // (4 * table.shape[-1]))  # heads whose λ and residues stay in L2 for every row
     modal_step_rows(*flat_rows(torch.view_as_real(table.detach())), rows.long().numpy(), new.bool().numpy(), q.numpy(),
-              k.numpy(), v.numpy(), *planes, direct.detach().float().contiguous().numpy(), out.numpy())  # fmt: skip
+              k.numpy(), v.numpy(), *planes, out.numpy(), tile)  # fmt: skip
     return out

@@ -119,36 +119,43 @@ def diagonal_step_rows(table, slot_stride, rows, new, u, lam_re, lam_im, w_re, w
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def modal_step_rows(table, slot_stride, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out):
-    """H3's modal state-passing step over table rows (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`)."""
+def modal_step_rows(table, slot_stride, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out, tile):
+    """H3's modal state-passing step over table rows (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`): a tile
+    of heads of one row per parallel iteration, rows inner (the tile's λ and residues read from cache by every
+    row), each pair (i, j) of head channels a contiguous stretch of the tile's heads and modes."""
     num_rows, heads, width = q.shape
     modes = lam_re.shape[1]
+    tiles = (heads + tile - 1) // tile
     ahead = max(1, PREFETCH_AHEAD // (2 * modes))  # heads
-    for flat in numba.prange(num_rows * heads * width):  # one (row, head, output channel j) per iteration
-        r = flat // (heads * width)
-        h = (flat // width) % heads
-        j = flat % width
-        acc = np.float32(0.0)
-        for i in range(width):  # the state x[i, j, h, :] reads k_i v_j and is read out against q_i
-            at = np.uint64(rows[r] * slot_stride + ((i * width + j) * heads + h) * modes * 2)  # Re x[..., 0]
-            if h + ahead < heads:  # x[i, j, h + ahead, :], read as many heads later
-                _prefetch_lines(table, at + np.uint64(ahead * 2 * modes), 2 * modes)
-            if new[r]:
-                for n in range(2 * modes):
-                    table[at + np.uint64(n)] = 0.0
-            u = k[r, h, i] * v[r, h, j]
-            z = np.float32(0.0)
-            for n in range(modes):
-                i_re = at + np.uint64(2 * n)  # Im follows Re
-                old_re = table[i_re]
-                old_im = table[i_re + np.uint64(1)]
-                re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
-                im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
-                table[i_re] = re
-                table[i_re + np.uint64(1)] = im
-                z += c_re[h, n] * re - c_im[h, n] * im
-            acc += q[r, h, i] * (z + direct[h] * u)
-        out[r, h, j] = acc
+    for flat in numba.prange(tiles * num_rows):
+        t = flat // num_rows
+        r = flat - t * num_rows
+        first, end = t * tile, min(heads, (t + 1) * tile)
+        for h in range(first, end):
+            for j in range(width):
+                out[r, h, j] = 0.0
+        for i in range(width):  # o_j = Σ_i q_i s_ij, summed in the order of i
+            for j in range(width):
+                pair = np.uint64(rows[r] * slot_stride + (i * width + j) * heads * modes * 2)  # Re x[i, j, 0, 0]
+                for h in range(first, end):
+                    at = pair + np.uint64(h * modes * 2)  # Re x[i, j, h, 0]
+                    if h + ahead < end:
+                        _prefetch_lines(table, at + np.uint64(ahead * 2 * modes), 2 * modes)
+                    if new[r]:  # the zero state before a first token
+                        for n in range(2 * modes):
+                            table[at + np.uint64(n)] = 0.0
+                    u = k[r, h, i] * v[r, h, j]
+                    z = np.float32(0.0)
+                    for n in range(modes):
+                        i_re = at + np.uint64(2 * n)  # Im follows Re
+                        old_re = table[i_re]
+                        old_im = table[i_re + np.uint64(1)]
+                        re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
+                        im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
+                        table[i_re] = re
+                        table[i_re + np.uint64(1)] = im
+                        z += c_re[h, n] * re - c_im[h, n] * im
+                    out[r, h, j] += q[r, h, i] * (z + direct[h] * u)
 
 
 @intrinsic

@@ -19,6 +19,7 @@ token, not from whatever its slot held before, so a reused slot starts clean.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -29,7 +30,7 @@ import torch
 
 from ..layers.mixer import MixerState, TokenMixer
 
-__all__ = ["Decode", "FlatBatch", "compiled_decode", "decode_rows", "mix_flat_batch"]
+__all__ = ["Decode", "FlatBatch", "StepBatches", "compiled_decode", "decode_rows", "mix_flat_batch"]
 
 Decode = Callable[[TokenMixer, torch.Tensor, MixerState, torch.Tensor, torch.Tensor, MixerState], torch.Tensor]
 
@@ -62,6 +63,40 @@ class FlatBatch:
     @property
     def num_tokens(self) -> int:
         return sum(self.lengths)
+
+    @functools.cached_property
+    def fresh_decodes(self) -> torch.Tensor:
+        """(num_decodes,) bool on the slots' device: the decode rows that start a new request (none of its state
+        stored), which start from the state before a first token."""
+        return torch.tensor([not c for c in self.continues[: self.num_decodes]], device=self.slots.device)
+
+    def with_slots(self, slots: torch.Tensor) -> FlatBatch:
+        """The same requests at other slot indices (≥ R,): another state table's (an engine's KV-cache group)."""
+        return dataclasses.replace(self, slots=slots[: len(self.lengths)].long())
+
+
+class StepBatches:
+    """The flat batch of the engine step running now, read once and handed to every layer of the step.
+
+    Reading a batch's offsets into host integers (:meth:`FlatBatch.from_offsets`) costs a few device reads and some
+    Python; an engine gives every layer of a step the same offsets, so they are read at the step's first layer and
+    kept while ``step`` (an object the engine makes anew for each step, held here so that identity names it) and
+    the offsets tensor stay the same. A layer whose slot indices are another tensor (its own KV-cache group) gets
+    the kept batch with its slots."""
+
+    def __init__(self):
+        self._key: tuple[object, torch.Tensor, torch.Tensor] | None = None  # (step, offsets, slots) read
+        self._batch: FlatBatch | None = None
+
+    def batch(self, step: object, num_decodes: int, query_start_loc, seq_lens, slots: torch.Tensor) -> FlatBatch:
+        """The step's :class:`FlatBatch` (the arguments as :meth:`FlatBatch.from_offsets` takes them)."""
+        key = self._key
+        if key is None or key[0] is not step or key[1] is not query_start_loc:
+            self._batch = FlatBatch.from_offsets(num_decodes, query_start_loc, seq_lens, slots)
+        elif key[2] is not slots:
+            self._batch = self._batch.with_slots(slots)
+        self._key = (step, query_start_loc, slots)
+        return self._batch
 
 
 def _gather(tables: MixerState, slots: torch.Tensor) -> MixerState:
@@ -137,8 +172,7 @@ def _decode(mixer: TokenMixer, x: torch.Tensor, batch: FlatBatch, tables: MixerS
     (:meth:`~ssmhub.layers.mixer.TokenMixer.kept_step_coefficients`), and enter a compiled ``decode`` as inputs:
     inside its graph they would be recomputed for every row they fuse into."""
     slots = batch.slots[: batch.num_decodes]
-    new = torch.tensor([not c for c in batch.continues[: batch.num_decodes]], device=slots.device)
-    return decode(mixer, x, tables, slots, new, mixer.kept_step_coefficients())
+    return decode(mixer, x, tables, slots, batch.fresh_decodes, mixer.kept_step_coefficients())
 
 
 def _prefill(mixer: TokenMixer, x: torch.Tensor, request: int, batch: FlatBatch, tables: MixerState) -> torch.Tensor:

@@ -34,7 +34,7 @@ from ..layers.attention import CausalSelfAttention
 from ..layers.mixer import TokenMixer
 from ..ops.rotary import rotary_embedding
 from .engine_linear import use_engine_gemm
-from .flat_batch import Decode, FlatBatch, compiled_decode, decode_rows, mix_flat_batch
+from .flat_batch import Decode, StepBatches, compiled_decode, decode_rows, mix_flat_batch
 from .servable import recurrent_state_pages, served_model
 from .state_pages import StatePages
 
@@ -56,9 +56,10 @@ class ServedMixer(MambaBase, nn.Module):
     forward context. It owns no parameters: the mixer stays where the model has it (its weights load by the model's
     own names) and is held here outside the module tree."""
 
-    def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str):
+    def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str, batches: StepBatches | None = None):
         super().__init__()
         object.__setattr__(self, "mixer", mixer)  # not a submodule: its parameters keep the model's names
+        self.batches = StepBatches() if batches is None else batches  # the model's layers share one
         self.decode = _decode_for(mixer, get_current_vllm_config())
         self.pages = StatePages.of(mixer, dtype)
         self.prefix = prefix
@@ -81,14 +82,15 @@ class ServedMixer(MambaBase, nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         """x (1, T, H), the flat batch's tokens -> ((1, T, D_out), None), states read and written in their slots
         (``positions`` unread: order lives in the states)."""
-        metadata = get_forward_context().attn_metadata
+        step = get_forward_context()
+        metadata = step.attn_metadata
         if isinstance(metadata, dict):
             metadata = metadata.get(self.prefix)
         if metadata is None:  # vLLM's profiling run: no requests, no states
             return x.new_zeros(*x.shape[:2], _width(self.mixer)), None
-        batch = FlatBatch.from_offsets(
-            metadata.num_decodes, metadata.query_start_loc, metadata.seq_lens, metadata.state_indices_tensor
-        )
+        batch = self.batches.batch(
+            step, metadata.num_decodes, metadata.query_start_loc, metadata.seq_lens, metadata.state_indices_tensor
+        )  # read at the step's first layer
         table = self.kv_cache[0]
         tables = self.pages.views(table.view(table.shape[0], -1))  # (slots, page bytes), padding included
         return mix_flat_batch(self.mixer, x[0], batch, tables, self.decode)[None], None
@@ -141,12 +143,13 @@ class _ServedCausalLM(nn.Module):
         self.served_model = served_model(vllm_config.model_config.hf_config, dtype)
         self.model = self.served_model.model
         self.served = []  # a plain list: the served layers own no weights of their own
+        batches = StepBatches()  # each step's batch, read once for all layers
         for idx, block in enumerate(self.model.backbone.layers):
             name = f"{prefix}model.backbone.layers.{idx}.mixer"
             if isinstance(block.mixer, CausalSelfAttention):
                 self.served.append(ServedAttention(block.mixer, vllm_config, name))
             else:
-                self.served.append(ServedMixer(block.mixer, dtype, name))
+                self.served.append(ServedMixer(block.mixer, dtype, name, batches))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.backbone.embeddings(input_ids)
