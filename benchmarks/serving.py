@@ -187,11 +187,12 @@ def step_floor_rows(names: list[str], folders: dict[str, Path], args, vocab: int
     process of its own; with ``--baseline-src``, the code there right after this checkout's, model by model.
     Returns (this checkout's rows, the baseline's)."""
     arguments = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
-    rows = {None: [], args.baseline_src: []}
+    sources = [None] if args.baseline_src is None else [None, args.baseline_src]
+    rows = {src: [] for src in sources}
     for name in names:
-        for src in rows:
-            command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder",
-                       str(folders[name]), "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
+        command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder", str(folders[name]),
+                   "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
+        for src in sources:
             done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=code_environment(src))
             if done.returncode:
                 print(f"{name}: the step-floor run on {src or 'this checkout'} failed (exit {done.returncode}); its "

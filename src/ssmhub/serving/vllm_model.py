@@ -56,10 +56,10 @@ class ServedMixer(MambaBase, nn.Module):
     forward context. It owns no parameters: the mixer stays where the model has it (its weights load by the model's
     own names) and is held here outside the module tree."""
 
-    def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str, batches: StepBatches | None = None):
+    def __init__(self, mixer: TokenMixer, dtype: torch.dtype, prefix: str, batches: StepBatches):
         super().__init__()
         object.__setattr__(self, "mixer", mixer)  # not a submodule: its parameters keep the model's names
-        self.batches = StepBatches() if batches is None else batches  # the model's layers share one
+        self.batches = batches  # each step's batch, shared by the model's layers
         self.decode = _decode_for(mixer, get_current_vllm_config())
         self.pages = StatePages.of(mixer, dtype)
         self.prefix = prefix
