@@ -108,6 +108,20 @@ def test_the_decay_is_exp_within_two_ulp_over_its_range():
     assert table.min() >= torch.finfo(torch.float32).tiny
 
 
+def test_the_decays_exp_is_float32_arithmetic():
+    """The kernel's exp (row_kernels._exp32) computes in float32 from its argument to its result: an int64 or a
+    float64 among its values (numba's promotion of int64 × float32) halves the lanes of its vectors and adds
+    conversions, which ran Mamba's served step 2.5× slower with the same numbers to within round-off."""
+    numba = pytest.importorskip("numba")
+    from ssmhub.ops import row_kernels
+
+    row_kernels._exp32(numba.float32(-1.5))  # compiles it for a float32 argument
+    compiled = row_kernels._exp32.overloads[(numba.float32,)]
+    values = {name: str(t) for name, t in compiled.type_annotation.typemap.items() if not name.startswith("$")}
+    assert compiled.signature.return_type == numba.float32
+    assert values and set(values.values()) == {"float32"}, values
+
+
 def test_the_tensor_step_floors_the_decay_alike():
     """selective_step (the oracle of the kernel) clamps Δ·A at the same floor: a decay far below it is the floor's."""
     x, delta, B, C = torch.zeros(1, 2), torch.full((1, 2), 10.0), torch.zeros(1, 1), torch.ones(1, 1)

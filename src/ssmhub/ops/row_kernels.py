@@ -21,8 +21,6 @@ slot's stretch that iteration walks.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from llvmlite import ir
@@ -170,9 +168,13 @@ def _float_of_bits(typingctx, bits):
 
 @numba.njit(inline="always", fastmath=True)
 def _exp32(x):
-    """Cephes' expf: x = n ln 2 + r, |r| ≤ ln 2 / 2; exp(r) by its minimax polynomial; 2^n from its bits."""
+    """Cephes' expf: x = n ln 2 + r, |r| ≤ ln 2 / 2; exp(r) by its minimax polynomial; 2^n from its bits.
+
+    Every value is a float32 (n too, an integer held as one): numba types ``math.floor`` as an int64 and an int64
+    times a float32 as a float64, which made the polynomial float64, four lanes to a vector with conversions around
+    them, where float32 fills eight."""
     x = min(max(x, _LOWEST_DECAY_EXPONENT), np.float32(88.7))
-    n = math.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
+    n = np.floor(x * np.float32(1.44269504088896341) + np.float32(0.5))
     r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)  # ln 2 = 0.693359375 − 2.12194440e-4
     p = np.float32(1.9875691500e-4)
     p = p * r + np.float32(1.3981999507e-3)
