@@ -111,8 +111,9 @@ def test_the_decay_is_exp_within_two_ulp_over_its_range():
 def test_the_decays_exp_is_float32_arithmetic():
     """The kernel's exp (row_kernels._exp32) computes in float32 from its argument to its result: an int64 or a
     float64 among its values (numba's promotion of int64 × float32) halves the lanes of its vectors and adds
-    conversions, which ran Mamba's served step 2.5× slower with the same numbers to within round-off."""
-    numba = pytest.importorskip("numba")
+    conversions, which ran the kernel 2.5× slower with the same numbers to within round-off."""
+    import numba  # (the module skips without it)
+
     from ssmhub.ops import row_kernels
 
     row_kernels._exp32(numba.float32(-1.5))  # compiles it for a float32 argument
