@@ -188,6 +188,29 @@ def step_floor_row(name: str, llm, model: nn.Module, token_prompts: list[list[in
             "tok_s": 1e3 * rows / step}  # fmt: skip
 
 
+TIMED = ("step_ms", "forward_ms", "products_ms", "products_alone_ms", "state_ms", "state_fresh_ms", "floor_ms")
+
+
+def median_rounds(rows: list[dict]) -> list[dict]:
+    """:func:`step_floor_row` s of several rounds (each with its ``round``) -> one row per model: the median of its
+    rounds' times and floor fractions, the tokens/s of the median step, ``step_range`` (the fastest and slowest
+    step), and ``vs_mamba2``: the median over rounds of its tokens/s over vLLM's Mamba-2's in the same round (None
+    where no round ran Mamba-2), so that a slow minute on the machine moves both sides of a ratio."""
+    mamba2 = {r["round"]: r["tok_s"] for r in rows if r["model"] == "mamba2"}
+    by_model: dict[str, list[dict]] = {}
+    for row in rows:
+        by_model.setdefault(row["model"], []).append(row)
+    medians = []
+    for group in by_model.values():
+        row = {**group[0], **{key: statistics.median(r[key] for r in group) for key in TIMED}}
+        ratios = [r["tok_s"] / mamba2[r["round"]] for r in group if r["round"] in mamba2]
+        medians.append({**row, "floor_fraction": statistics.median(r["floor_fraction"] for r in group),
+                        "tok_s": 1e3 * row["rows"] / row["step_ms"], "rounds": len(group),
+                        "step_range": (min(r["step_ms"] for r in group), max(r["step_ms"] for r in group)),
+                        "vs_mamba2": statistics.median(ratios) if ratios else None})  # fmt: skip
+    return medians
+
+
 def main(argv=None) -> None:
     """One engine's row, printed as the last line of stdout (``benchmarks/serving.py`` runs this per model)."""
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -39,6 +39,7 @@ from _generate_floor import code_environment, generate_floor_section
 from _report import write_report
 from _serving_chat import chat_context, chat_section_and_targets
 from _serving_models import FAMILIES, PEERS, SIZES, save_models
+from _step_floor import median_rounds
 
 OUTPUT_TOKENS = 128
 
@@ -63,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline-src", type=Path, default=None,
                         help="a checkout of the code before a change (git worktree): --generate-floor and "
                              "--step-floor measure it too, in its own processes")  # fmt: skip
+    parser.add_argument("--step-floor-rounds", type=int, default=1,
+                        help="--step-floor's processes this many times, every engine (and the baseline's) in turn "
+                             "each round; each row the median of its rounds, its ratio to Mamba-2 the median of "
+                             "each round's")  # fmt: skip
     parser.add_argument("--generate-rounds", type=int, default=1,
                         help="--generate-floor's processes this many times, this checkout's and the baseline's "
                              "in turn; each row the median of its rounds (a noisy machine's slow minutes hit "
@@ -79,10 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (
         any(c < 1 for c in args.concurrency + args.generate_floor)
-        or min(args.repeats, args.long_factor, args.generate_rounds) < 1
+        or min(args.repeats, args.long_factor, args.generate_rounds, args.step_floor_rounds) < 1
     ):
-        parser.error("--concurrency, --generate-floor, --repeats, --long-factor and --generate-rounds take positive "
-                     "integers")  # fmt: skip
+        parser.error("--concurrency, --generate-floor, --repeats, --long-factor, --generate-rounds and "
+                     "--step-floor-rounds take positive integers")  # fmt: skip
     if min(args.step_floor, args.chat_turns) < 0 or args.chat_conversations < 1:
         parser.error("--step-floor and --chat-turns take integers ≥ 0, --chat-conversations a positive one")
     if args.baseline_src is not None and not (args.baseline_src / "src" / "ssmhub").is_dir():
@@ -184,23 +189,25 @@ def generate_rows(name: str, folder: Path, args, vocab: int) -> list[dict]:
 
 def step_floor_rows(names: list[str], folders: dict[str, Path], args, vocab: int) -> tuple[list[dict], list[dict]]:
     """Each engine's decode step at ``--step-floor`` requests against its byte floor (_step_floor), each in a
-    process of its own; with ``--baseline-src``, the code there right after this checkout's, model by model.
-    Returns (this checkout's rows, the baseline's)."""
+    process of its own, every engine in turn ``--step-floor-rounds`` times (a noisy machine's slow minutes hit
+    all of them); with ``--baseline-src``, the code there right after this checkout's, model by model. Returns
+    (this checkout's rows, the baseline's), each the median of its rounds (:func:`_step_floor.median_rounds`)."""
     arguments = json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
     sources = [None] if args.baseline_src is None else [None, args.baseline_src]
     rows = {src: [] for src in sources}
-    for name in names:
-        command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder", str(folders[name]),
-                   "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
-        for src in sources:
-            done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=code_environment(src))
-            if done.returncode:
-                print(f"{name}: the step-floor run on {src or 'this checkout'} failed (exit {done.returncode}); its "
-                      "row is left out", flush=True)  # fmt: skip
-                continue
-            rows[src].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(src or "this checkout", rows[src][-1], flush=True)
-    return rows[None], rows[args.baseline_src] if args.baseline_src else []
+    for round_index in range(args.step_floor_rounds):
+        for name in names:
+            command = [sys.executable, str(Path(__file__).with_name("_step_floor.py")), "--folder",
+                       str(folders[name]), "--name", name, "--arguments", arguments, "--vocab", str(vocab)]  # fmt: skip
+            for src in sources:
+                done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=code_environment(src))
+                if done.returncode:
+                    print(f"{name}: the step-floor run on {src or 'this checkout'} failed (exit {done.returncode}); "
+                          "its row is left out", flush=True)  # fmt: skip
+                    continue
+                rows[src].append({**json.loads(done.stdout.strip().splitlines()[-1]), "round": round_index})
+                print(src or "this checkout", rows[src][-1], flush=True)
+    return median_rounds(rows[None]), median_rounds(rows[args.baseline_src]) if args.baseline_src else []
 
 
 def step_floor_change_table(now: list[dict], before: list[dict]) -> list[str]:
@@ -216,13 +223,14 @@ def step_floor_change_table(now: list[dict], before: list[dict]) -> list[str]:
 
 
 def step_floor_table(rows: list[dict]) -> list[str]:
-    mamba2 = next((r for r in rows if r["model"] == "mamba2"), None)
     lines = ["| model | decode params | state bytes per request | step ms | model forward ms | tok/s | ÷ Mamba-2's "
              "| weight products ms | (each alone) | state pass ms | (fresh buffer) | floor ms | floor ÷ step |",
              "|---" * 13 + "|"]  # fmt: skip
     for r in rows:
-        vs = f"{r['tok_s'] / mamba2['tok_s']:.2f}×" if mamba2 else "–"
-        lines.append(f"| {r['model']} | {r['decode_params'] / 1e6:.2f}M | {r['state_bytes']:,} | {r['step_ms']:.1f} | "
+        vs = "–" if r["vs_mamba2"] is None else f"{r['vs_mamba2']:.2f}×"
+        low, high = r["step_range"]
+        step = f"{r['step_ms']:.1f}" + (f" ({low:.1f}-{high:.1f})" if r["rounds"] > 1 else "")
+        lines.append(f"| {r['model']} | {r['decode_params'] / 1e6:.2f}M | {r['state_bytes']:,} | {step} | "
                      f"{r['forward_ms']:.1f} | {r['tok_s']:.0f} | {vs} | {r['products_ms']:.2f} | "
                      f"{r['products_alone_ms']:.2f} | {r['state_ms']:.2f} | {r['state_fresh_ms']:.2f} | "
                      f"{r['floor_ms']:.2f} | "
@@ -232,13 +240,11 @@ def step_floor_table(rows: list[dict]) -> list[str]:
 
 def step_floor_targets(rows: list[dict]) -> list[str]:
     """Issue 71's targets: ≥ 1.0× Mamba-2's tokens/s and ≥ 80% of the floor (70% with branches or a learned MLP)."""
-    mamba2 = next((r for r in rows if r["model"] == "mamba2"), None)
     lines = []
     for r in [r for r in rows if r["model"] in FAMILIES]:
-        if mamba2 and r["model"] in ("dlr", "serpent-mamba", "h3-ssm", "h3-distilled"):
-            ratio = r["tok_s"] / mamba2["tok_s"]
+        if r["vs_mamba2"] is not None and r["model"] in ("dlr", "serpent-mamba", "h3-ssm", "h3-distilled"):
             lines.append(f"- {r['model']}: ≥ 1.0× vLLM's Mamba-2 decode tokens/s at {r['rows']} requests: "
-                         f"{_check(ratio >= 1.0)} ({ratio:.2f}×)")  # fmt: skip
+                         f"{_check(r['vs_mamba2'] >= 1.0)} ({r['vs_mamba2']:.2f}×)")  # fmt: skip
         need = 0.7 if r["model"] in ("bdlrnn", "serpent") else 0.8
         lines.append(f"- {r['model']}: ≥ {need:.0%} of its byte floor: {_check(r['floor_fraction'] >= need)} "
                      f"({r['floor_fraction']:.0%})")  # fmt: skip
@@ -339,7 +345,9 @@ def main(argv=None) -> None:
         sections.append(f"{head}\n\n" + "\n".join(concurrency_table(rows, params)))
     floor, floor_before = step_floor_rows(args.models, folders, args, size.vocab) if args.step_floor else ([], [])
     if floor:
-        sections.append(f"## Decode step against its byte floor, {args.step_floor} running requests\n\n"
+        rounds = f"; each row the median of {args.step_floor_rounds} rounds (step: its range)"
+        rounds = rounds if args.step_floor_rounds > 1 else ""
+        sections.append(f"## Decode step against its byte floor, {args.step_floor} running requests{rounds}\n\n"
                         + "\n".join(step_floor_table(floor)))  # fmt: skip
     if floor_before:
         sections.append(f"## Decode step before ({args.baseline_src}) and now, {args.step_floor} running requests"

@@ -20,7 +20,7 @@ from _serving_models import (
     non_embedding_parameters,
     save_models,
 )
-from _step_floor import decode_weights, state_per_request
+from _step_floor import decode_weights, median_rounds, state_per_request
 
 
 def test_prompts_have_the_asked_lengths_and_no_pad_id():
@@ -69,7 +69,8 @@ def test_the_tables_and_targets_read_the_rows():
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--repeats", "0"], ["--long-factor", "0"],
                                   ["--step-floor", "-1"], ["--generate-floor", "0"], ["--chat-turns", "-1"],
-                                  ["--chat-conversations", "0"], ["--baseline-src", "/nonexistent"]])  # fmt: skip
+                                  ["--chat-conversations", "0"], ["--baseline-src", "/nonexistent"],
+                                  ["--step-floor-rounds", "0"]])  # fmt: skip
 def test_bad_arguments_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit):
         serving.parse_args(argv)
@@ -108,14 +109,17 @@ def test_decode_weights_count_the_head_once_and_transpose_gpt2s_conv1d():
     assert kv == {"bytes": 2 * 1 * 16 * 4 * 10, "writes": False}
 
 
-def test_the_step_floor_table_and_targets_read_the_rows():
-    def row(model, step_ms, floor_ms):
-        return {"model": model, "rows": 32, "decode_params": 84e6, "state_bytes": 9_695_232, "step_ms": step_ms,
-                "forward_ms": step_ms - 8, "products_ms": floor_ms - 1, "products_alone_ms": floor_ms - 3,
-                "state_ms": 1.0, "state_fresh_ms": 1.5, "floor_ms": floor_ms,
-                "floor_fraction": floor_ms / step_ms, "tok_s": 32e3 / step_ms}  # fmt: skip
+def _floor_row(model, step_ms, floor_ms, round_index=0):
+    """One engine's row as ``_step_floor.py`` prints it, with the round ``serving.step_floor_rows`` adds."""
+    return {"model": model, "rows": 32, "decode_params": 84e6, "state_bytes": 9_695_232, "step_ms": step_ms,
+            "forward_ms": step_ms - 8, "products_ms": floor_ms - 1, "products_alone_ms": floor_ms - 3,
+            "state_ms": 1.0, "state_fresh_ms": 1.5, "floor_ms": floor_ms, "floor_fraction": floor_ms / step_ms,
+            "tok_s": 32e3 / step_ms, "round": round_index}  # fmt: skip
 
-    rows = [row("dlr", 40.0, 30.0), row("bdlrnn", 50.0, 36.0), row("mamba2", 35.0, 30.0)]
+
+def test_the_step_floor_table_and_targets_read_the_rows():
+    row = _floor_row
+    rows = median_rounds([row("dlr", 40.0, 30.0), row("bdlrnn", 50.0, 36.0), row("mamba2", 35.0, 30.0)])
     table = "\n".join(serving.step_floor_table(rows))
     assert (
         "| dlr | 84.00M | 9,695,232 | 40.0 | 32.0 | 800 | 0.88× | 29.00 | 27.00 | 1.00 | 1.50 | 30.00 | 75% |" in table
@@ -124,8 +128,28 @@ def test_the_step_floor_table_and_targets_read_the_rows():
     assert "dlr: ≥ 1.0× vLLM's Mamba-2 decode tokens/s at 32 requests: **missed** (0.88×)" in targets
     assert "dlr: ≥ 80% of its byte floor: **missed** (75%)" in targets
     assert "bdlrnn: ≥ 70% of its byte floor: **met** (72%)" in targets and "bdlrnn: ≥ 1.0×" not in targets
-    change = serving.step_floor_change_table([rows[0], rows[2]], [row("dlr", 50.0, 30.0)])  # a baseline's rows
+    change = serving.step_floor_change_table([rows[0], rows[2]], median_rounds([row("dlr", 50.0, 30.0)]))
     assert change[2:] == ["| dlr | 50.0 | 40.0 | 1.25× | 60% | 75% |"]  # mamba2: no baseline row, none here
+
+
+def test_rounds_of_step_floor_rows_read_as_medians_and_each_rounds_ratio_to_mamba2():
+    """DLR's step is the median of its rounds, its range beside it, and its ratio to Mamba-2 the median of each
+    round's ratio, so that a slow round moves both engines it timed."""
+    steps = [(100.0, 110.0), (120.0, 118.0), (105.0, 112.0)]  # (dlr, mamba2) per round
+    rows = median_rounds([_floor_row(model, step, 90.0, i) for i, pair in enumerate(steps)
+                          for model, step in zip(("dlr", "mamba2"), pair)])  # fmt: skip
+    dlr = rows[0]
+    assert (dlr["step_ms"], dlr["step_range"], dlr["rounds"]) == (105.0, (100.0, 120.0), 3)
+    assert dlr["floor_fraction"] == 90.0 / 105.0 and dlr["tok_s"] == 32e3 / 105.0
+    assert dlr["vs_mamba2"] == pytest.approx(112.0 / 105.0, rel=1e-12)  # per round 1.10, 0.98, 1.07
+    table = "\n".join(serving.step_floor_table(rows))
+    assert "| dlr | 84.00M | 9,695,232 | 105.0 (100.0-120.0) | 97.0 | 305 | 1.07× |" in table
+    drifting = [(100.0, 110.0), (200.0, 180.0), (300.0, 330.0)]  # per round 1.1, 0.9, 1.1; medians 200 and 180
+    rows = median_rounds([_floor_row(model, step, 90.0, i) for i, pair in enumerate(drifting)
+                          for model, step in zip(("dlr", "mamba2"), pair)])  # fmt: skip
+    assert rows[0]["vs_mamba2"] == pytest.approx(110.0 / 100.0, rel=1e-12)  # not 180 / 200, the medians' ratio
+    alone = median_rounds([_floor_row("dlr", 40.0, 30.0)])
+    assert alone[0]["vs_mamba2"] is None and "| 40.0 | 32.0 | 800 | – |" in serving.step_floor_table(alone)[2]
 
 
 def test_the_generate_floor_table_and_targets_read_both_runs():

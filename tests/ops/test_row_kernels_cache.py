@@ -3,7 +3,11 @@
 A kernel that closed over another numba function never hit that cache (numba keys a closure's entry by the pickled
 bytes of what it closes over, which differ between processes), so every serving engine and every ``generate``
 compiled it again, seconds each. ssmhub.ops.row_kernels keeps the kernels as module globals; this runs each of them
-in two fresh processes sharing one cache directory and reads numba's own count of cache hits in the second."""
+in two fresh processes sharing one cache directory and reads numba's own count of cache hits in the second.
+
+The same processes set torch to one thread before the first kernel: starting numba's OpenMP pool set the runtime's
+thread count, which torch reads, to the pool's size, so a user's ``torch.set_num_threads(1)`` read 2 after ssmhub's
+first kernel on a 2-core machine (``row_kernels.use_torch_threads`` puts it back)."""
 
 from __future__ import annotations
 
@@ -18,9 +22,12 @@ pytest.importorskip("numba")
 
 _RUN_EACH_KERNEL = """
 import json, torch
+torch.set_num_threads(1)
 from ssmhub.ops import row_kernels
 from ssmhub.ops.diagonal_rows import diagonal_step_rows_, modal_kv_step_rows_
 from ssmhub.ops.selective_rows import selective_step_rows_
+from ssmhub.ops.window_rows import window_step_rows_
+KERNELS = ("diagonal_step_rows", "modal_step_rows", "selective_step_rows", "window3_step_rows", "window_step_rows")
 rows, new = torch.tensor([1, 0]), torch.tensor([True, False])
 selective_step_rows_(torch.zeros(3, 4, 8), rows, new, torch.randn(2, 4), torch.rand(2, 4), -torch.rand(4, 8),
                      torch.randn(2, 8), torch.randn(2, 8))
@@ -29,8 +36,10 @@ diagonal_step_rows_(torch.zeros(3, 4, 2, 8), rows, new, torch.randn(2, 4), (torc
 modal_kv_step_rows_(torch.zeros(3, 2, 2, 3, 4, dtype=torch.complex64), rows, new,
                     tuple(torch.randn(2, 3, 2) for _ in range(3)), (torch.rand(3, 4), torch.rand(3, 4)),
                     (torch.randn(3, 4), torch.randn(3, 4)), torch.randn(3))
-kernels = ("diagonal_step_rows", "modal_step_rows", "selective_step_rows")
-print(json.dumps({name: sum(getattr(row_kernels, name).stats.cache_hits.values()) for name in kernels}))
+for window in (3, 2):  # the kernel written out for three inputs, and the general one
+    window_step_rows_(torch.zeros(3, 4, window), rows, new, torch.randn(2, 4), torch.randn(4, 4))
+hits = {name: sum(getattr(row_kernels, name).stats.cache_hits.values()) for name in KERNELS}
+print(json.dumps({**hits, "torch threads": torch.get_num_threads()}))
 """
 
 
@@ -41,8 +50,11 @@ def _cache_hits(cache_dir) -> dict[str, int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+_KERNELS = ("diagonal_step_rows", "modal_step_rows", "selective_step_rows", "window3_step_rows", "window_step_rows")
+
+
 def test_a_second_process_loads_every_kernel_from_the_cache(tmp_path):
     first = _cache_hits(tmp_path)
     second = _cache_hits(tmp_path)
-    assert first == {"diagonal_step_rows": 0, "modal_step_rows": 0, "selective_step_rows": 0}
-    assert second == {"diagonal_step_rows": 1, "modal_step_rows": 1, "selective_step_rows": 1}
+    assert first == {**dict.fromkeys(_KERNELS, 0), "torch threads": 1}
+    assert second == {**dict.fromkeys(_KERNELS, 1), "torch threads": 1}

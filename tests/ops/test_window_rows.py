@@ -1,7 +1,8 @@
 """The short causal convolution's in-place decode kernel (ssmhub.ops.window_rows) against its float64 oracle, the
 window step written out (``y = Σ_j K_j u_{t−j} + D u_t + b``, arXiv 2212.14052 §3.1's shift convolution, arXiv
 2312.00752 §3.4's depthwise one): odd widths, one row, 33 rows out of order, taps fewer and more than the window
-reaches, new requests in a reused slot that holds NaN, slots in engine pages; and ``causal_conv_step`` itself."""
+reaches, new requests in a reused slot that holds NaN, slots in engine pages, each for windows of three inputs
+(the kernel written out for four taps) and of other lengths; and ``causal_conv_step`` itself."""
 
 from __future__ import annotations
 
@@ -48,9 +49,12 @@ def _inputs(slots, channels, window, rows, taps, seed, tap_rows=None):
 @pytest.mark.parametrize(
     "channels, window, slots, rows, taps, tap_rows",
     [(7, 3, 9, [5, 1, 7, 2], 4, 7), (3, 5, 40, list(range(39, 6, -1)), 6, 3), (1, 1, 2, [1], 2, 1),
-     (6, 4, 5, [4, 0], 2, 6), (5, 2, 4, [1, 3], 7, 5), (12, 40, 4, [2, 0, 3], 41, 3), (4, 3, 5, [2, 4], 1, 2)],
+     (6, 4, 5, [4, 0], 2, 6), (5, 2, 4, [1, 3], 7, 5), (12, 40, 4, [2, 0, 3], 41, 3), (4, 3, 5, [2, 4], 1, 2),
+     (9, 3, 40, list(range(6, 39)), 6, 3), (1, 3, 2, [1], 4, 1), (10, 3, 6, [3, 5, 0], 3, 5)],
     ids=["odd widths", "33 rows out of order", "one row", "fewer taps than the window", "more taps than it reaches",
-         "channels sharing a filter, a long window", "only the current input's tap"],
+         "channels sharing a filter, a long window", "only the current input's tap",
+         "four taps' window: 33 rows, shared filters, more taps", "four taps' window: one row, one channel",
+         "four taps' window: fewer taps"],
 )  # fmt: skip
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
 def test_kernel_equals_the_float64_window_step(channels, window, slots, rows, taps, tap_rows, layout):

@@ -38,6 +38,7 @@ __all__ = [
     "modal_step_rows",
     "selective_step_rows",
     "use_torch_threads",
+    "window3_step_rows",
     "window_step_rows",
 ]
 
@@ -48,8 +49,13 @@ _LOWEST_DECAY_EXPONENT = np.float32(decay_exponent_floor(torch.float32))  # a co
 
 
 def use_torch_threads() -> None:
-    """Run the next kernel on as many threads as torch uses (at most numba's pool)."""
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    """Run the next kernel on as many threads as torch uses (at most numba's pool), and leave torch's count as it
+    was: the first call starts numba's OpenMP pool, which sets the OpenMP runtime's thread count, the one torch
+    reads, to the pool's size (a user's ``torch.set_num_threads(1)`` read 2 afterwards on a 2-core machine)."""
+    threads = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @intrinsic
@@ -241,3 +247,32 @@ def window_step_rows(table, slot_stride, window, rows, new, u, taps, current, bi
                     table[at + np.uint64(s - 1)] = held
             table[at + np.uint64(window - 1)] = u_rc
             y[r, c] = acc
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
+def window3_step_rows(table, slot_stride, rows, new, u, taps, current, bias, y):
+    """:func:`window_step_rows` for windows of three inputs, a four-tap convolution's (Mamba's ``d_conv`` = 4, H3's
+    shift of four taps). Rows outside, channels inside, the three places written out: a row's windows are one
+    contiguous stretch, and LLVM vectorizes across its channels, where the general kernel's loop over a window of
+    any length stays scalar. Channel c = k·T + t is walked as (k, t), which spares an integer division (c mod T)
+    per window."""
+    num_rows, channels = u.shape
+    tap_rows = taps.shape[0]
+    for r in numba.prange(num_rows):  # one row per iteration, its channels inside
+        base = np.uint64(rows[r] * slot_stride)  # window (slot, 0, 0)
+        fresh = new[r]  # a new request: an empty window (zeros), whatever the reused slot holds
+        for k in range(channels // tap_rows):
+            for t in range(tap_rows):
+                c = k * tap_rows + t
+                at = base + np.uint64(3 * c)  # window (slot, c, 0), the oldest input
+                u_rc = u[r, c]
+                acc = current[t] * u_rc + bias[t]
+                if not fresh:
+                    held_1, held_2 = table[at + np.uint64(1)], table[at + np.uint64(2)]
+                    acc += taps[t, 3] * table[at] + taps[t, 2] * held_1 + taps[t, 1] * held_2
+                else:
+                    held_1, held_2 = np.float32(0.0), np.float32(0.0)
+                table[at] = held_1
+                table[at + np.uint64(1)] = held_2
+                table[at + np.uint64(2)] = u_rc
+                y[r, c] = acc

@@ -67,7 +67,7 @@ def window_step_rows_(
         y, window = causal_conv_step(u_t, window, taps, skip)
         table.index_copy_(0, rows, window.to(table.dtype))
         return y if bias is None else y + bias.float()
-    from .row_kernels import use_torch_threads, window_step_rows  # imports numba, at the first call
+    from .row_kernels import use_torch_threads, window3_step_rows, window_step_rows  # imports numba, at first call
 
     use_torch_threads()
     cpu, window = table.device, table.shape[2]
@@ -78,5 +78,10 @@ def window_step_rows_(
     current = taps[:, 0] + skip  # (T,): the weight of u_t
     operands = [t.contiguous().numpy() for t in (u_t.detach().float(), taps, current, bias)]
     y = torch.empty(num_rows, channels, device=cpu)  # (R, H) float32
-    window_step_rows(*flat_rows(table), window, rows.long().numpy(), new.bool().numpy(), *operands, y.numpy())
+    flat, stride = flat_rows(table)
+    indices = rows.long().numpy(), new.bool().numpy()
+    if window == 3:  # a four-tap convolution's window, written out so that it vectorizes across channels
+        window3_step_rows(flat, stride, *indices, *operands, y.numpy())
+    else:
+        window_step_rows(flat, stride, window, *indices, *operands, y.numpy())
     return y
