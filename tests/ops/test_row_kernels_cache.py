@@ -20,14 +20,16 @@ import pytest
 
 pytest.importorskip("numba")
 
-_RUN_EACH_KERNEL = """
+_KERNELS = ("diagonal_step_rows", "modal_step_rows", "selective_step_rows", "window3_step_rows", "window_step_rows")
+
+_RUN_EACH_KERNEL = f"""
 import json, torch
 torch.set_num_threads(1)
 from ssmhub.ops import row_kernels
 from ssmhub.ops.diagonal_rows import diagonal_step_rows_, modal_kv_step_rows_
 from ssmhub.ops.selective_rows import selective_step_rows_
 from ssmhub.ops.window_rows import window_step_rows_
-KERNELS = ("diagonal_step_rows", "modal_step_rows", "selective_step_rows", "window3_step_rows", "window_step_rows")
+KERNELS = {_KERNELS!r}
 rows, new = torch.tensor([1, 0]), torch.tensor([True, False])
 selective_step_rows_(torch.zeros(3, 4, 8), rows, new, torch.randn(2, 4), torch.rand(2, 4), -torch.rand(4, 8),
                      torch.randn(2, 8), torch.randn(2, 8))
@@ -38,8 +40,8 @@ modal_kv_step_rows_(torch.zeros(3, 2, 2, 3, 4, dtype=torch.complex64), rows, new
                     (torch.randn(3, 4), torch.randn(3, 4)), torch.randn(3))
 for window in (3, 2):  # the kernel written out for three inputs, and the general one
     window_step_rows_(torch.zeros(3, 4, window), rows, new, torch.randn(2, 4), torch.randn(4, 4))
-hits = {name: sum(getattr(row_kernels, name).stats.cache_hits.values()) for name in KERNELS}
-print(json.dumps({**hits, "torch threads": torch.get_num_threads()}))
+hits = {{name: sum(getattr(row_kernels, name).stats.cache_hits.values()) for name in KERNELS}}
+print(json.dumps({{**hits, "torch threads": torch.get_num_threads()}}))
 """
 
 
@@ -48,9 +50,6 @@ def _cache_hits(cache_dir) -> dict[str, int]:
     done = subprocess.run([sys.executable, "-c", _RUN_EACH_KERNEL], env=env, capture_output=True, text=True,
                           timeout=300, check=True)  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-_KERNELS = ("diagonal_step_rows", "modal_step_rows", "selective_step_rows", "window3_step_rows", "window_step_rows")
 
 
 def test_a_second_process_loads_every_kernel_from_the_cache(tmp_path):
