@@ -157,6 +157,7 @@ def _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct):
         (1, 1, 1, 2, [1]),
         (2, 21, 100, 3, [2, 0]),
         (2, 5, 3000, 3, [2, 0]),
+        (1, 37, 16, 40, list(range(6, 39))),
     ],
     ids=[
         "odd widths",
@@ -164,6 +165,7 @@ def _modal_kv_oracle(table, rows, new, q, k, v, lam, residues, direct):
         "one row",
         "heads past the prefetch distance",
         "three tiles of heads, the last partial",
+        "one channel a head, 33 rows",
     ],  # 3000 modes: 2 heads a tile (_TILE_FLOATS)
 )
 @pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
@@ -195,6 +197,87 @@ def test_modal_kernel_equals_h3s_float64_step(width, heads, modes, slots, rows, 
     torch.testing.assert_close(o.double(), want_o, rtol=0, atol=(width * (modes + 2) + 8) * EPS32 * scale * width)
 
 
+def _shift_oracle(table, rows, new, k, taps, skip):
+    """H3's shift convolution step in float64, written out per channel c = h·d_h + i: window place s (oldest first,
+    zeros for a new row) meets taps[c, M − s], the current input taps[c, 0] + skip[c]; the window drops its oldest
+    input. Returns k̃ (R, H, d_h) and the new window table."""
+    table = table.double().clone()
+    window = table[rows]  # (R, d, M)
+    window[new] = 0
+    flat_k = k.double().flatten(1)  # (R, d)
+    taps = torch.nn.functional.pad(taps.double(), (0, max(0, window.shape[2] + 1 - taps.shape[1])))
+    m = window.shape[2]
+    shifted = flat_k * (taps[:, 0] + (0 if skip is None else skip.double()))
+    for s in range(m):
+        shifted = shifted + taps[:, m - s] * window[:, :, s]
+    table[rows] = torch.cat([window[:, :, 1:], flat_k[:, :, None]], dim=2)
+    return shifted.view_as(k), table
+
+
+@pytest.mark.parametrize(
+    "width, heads, window, taps, skip, rows",
+    [
+        (3, 2, 3, 4, True, [6, 0, 2]),
+        (2, 3, 2, 5, False, list(range(39, 6, -1))),
+        (1, 1, 3, 2, True, [1]),
+        (2, 1, 1, 2, False, [4, 5]),
+        (1, 37, 3, 4, True, list(range(39, 6, -1))),
+        (1, 37, 4, 5, False, [0, 3]),
+    ],
+    ids=[
+        "odd widths, four taps",
+        "33 rows, a window of two, more taps",
+        "one row, fewer taps",
+        "a window of one",
+        "one channel a head, 33 rows, four taps",
+        "one channel a head, a window of four",
+    ],
+)
+@pytest.mark.parametrize("layout", ["contiguous", "engine pages"])
+def test_the_modal_kernel_steps_hs_shift_window_in_the_same_call(width, heads, window, taps, skip, rows, layout):
+    """modal_kv_step_rows_ with ``shift``: k through the float64 shift oracle, then the modal oracle, both tables
+    in place, new rows starting from an empty window and a zero state."""
+    g = torch.Generator().manual_seed(len(rows) + window)
+    slots, modes, channels = 40, 7, heads * width
+    table = torch.view_as_complex(torch.randn(slots, width, width, heads, modes, 2, generator=g))
+    windows = torch.randn(slots, channels, window, generator=g)
+    rows = torch.tensor(rows)
+    new = torch.rand(len(rows), generator=g) < 0.3
+    q, k, v = (torch.randn(len(rows), heads, width, generator=g) for _ in range(3))
+    lam = (0.9 * torch.rand(heads, modes, generator=g), 0.3 * torch.rand(heads, modes, generator=g))
+    residues = (torch.randn(heads, modes, generator=g), torch.randn(heads, modes, generator=g))
+    direct = torch.randn(heads, generator=g)
+    shift_taps = torch.randn(channels, taps, generator=g)
+    shift_skip = torch.randn(channels, generator=g) if skip else None
+    k_shift, want_windows = _shift_oracle(windows, rows, new, k, shift_taps, shift_skip)
+    want_o, want_table = _modal_kv_oracle(table, rows, new, q, k_shift, v, lam, residues, direct)
+    if layout == "engine pages":
+        (table, pages), (windows, window_pages) = in_engine_pages(table), in_engine_pages(windows)
+    o = modal_kv_step_rows_(table, rows, new, (q, k, v), lam, residues, direct, (windows, shift_taps, shift_skip))
+    assert layout == "contiguous" or (pages_untouched(pages, table) and pages_untouched(window_pages, windows))
+    torch.testing.assert_close(windows.double(), want_windows, rtol=0, atol=0)  # moved and copied, not computed
+    state = (table.abs().amax() * 2 + k_shift.abs().amax() * v.abs().amax()).item()
+    torch.testing.assert_close(torch.view_as_real(table).double(), torch.view_as_real(want_table), rtol=0,
+                               atol=8 * EPS32 * state * (taps + 2))  # fmt: skip
+    scale = q.abs().amax().item() * state * (modes * residues[0].abs().amax().item() * 2 + direct.abs().amax().item())
+    sums = (width * (modes + 2) + 8) * width * (taps + 2)  # o's terms, each from a k̃ of taps + 1 products
+    torch.testing.assert_close(o.double(), want_o, rtol=0, atol=sums * EPS32 * scale)
+
+
+def test_the_modal_kernels_shift_is_refused_before_any_state_changes():
+    table = torch.zeros(2, 1, 1, 3, 4, dtype=torch.complex64)
+    qkv, planes = (torch.ones(1, 3, 1),) * 3, (torch.zeros(3, 4),) * 2
+    for shift, message in (
+        ((torch.zeros(2, 4, 3), torch.zeros(3, 4), None), "window table must be"),
+        ((torch.zeros(2, 3, 3), torch.zeros(2, 4), None), "taps must be"),
+        ((torch.zeros(2, 3, 3), torch.zeros(3, 4), torch.zeros(2)), "taps must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            modal_kv_step_rows_(table, torch.tensor([0]), torch.tensor([True]), qkv, planes, planes, torch.ones(3),
+                                shift)  # fmt: skip
+        assert not table.any()
+
+
 def test_the_modal_kernel_refuses_a_table_of_another_shape_naming_it():
     with pytest.raises(ValueError, match="table must be"):
         modal_kv_step_rows_(torch.zeros(2, 3, 3, 2, 4, dtype=torch.complex64), torch.tensor([0]),
@@ -217,12 +300,13 @@ def _h3(kind: str) -> H3Mixer:
 
 
 @pytest.mark.parametrize("kind", ["diagonal SSM", "distilled", "long convolution"])
-@pytest.mark.parametrize("layout", ["contiguous", "slots innermost"])
+@pytest.mark.parametrize("layout", ["contiguous", "slots innermost", "shift slots innermost"])
 def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(kind, layout):
     """H3's kernel path (the shift window and a long convolution's window shifted in place, a modal state in one
-    pass) against TokenMixer.step_rows_ (index_select, H3's step, index_copy_), its oracle, with new requests in
-    reused slots; on tables whose slots are their innermost dimension (no slot's block contiguous) it takes the
-    protocol's path instead of the kernels."""
+    pass, the shift in the modal kernel's call) against TokenMixer.step_rows_ (index_select, H3's step,
+    index_copy_), its oracle, with new requests in reused slots; on tables whose slots are their innermost dimension
+    (no slot's block contiguous) it takes the protocol's path instead of the kernels, and a shift window laid out so
+    steps by tensor ops beside the kernel of the long convolution."""
     mixer = _h3(kind)
     assert mixer.steps_rows_in_one_pass
     g = torch.Generator().manual_seed(1)
@@ -230,10 +314,12 @@ def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(kind, layo
     for name, (shape, dtype) in mixer.state_layout(1).items():
         garbage = torch.randn(9, *shape[1:], 2 if dtype.is_complex else 1, generator=g)
         table = torch.view_as_complex(garbage) if dtype.is_complex else garbage[..., 0]
-        tables[name] = table.movedim(0, -1).contiguous().movedim(-1, 0) if layout == "slots innermost" else table
+        innermost = layout == "slots innermost" or (layout == "shift slots innermost" and name == "shift_state")
+        tables[name] = table.movedim(0, -1).contiguous().movedim(-1, 0) if innermost else table
     kv = tables["kv_state"]
     usable = modal_kernel_available(kv) if kv.is_complex() else kv[0].is_contiguous()
-    assert usable == (layout == "contiguous")
+    assert usable == (layout != "slots innermost")
+    assert tables["shift_state"][0].is_contiguous() == (layout == "contiguous")
     rows, new = torch.tensor([8, 0, 3, 5]), torch.tensor([False, True, False, True])
     x = torch.randn(4, 12, generator=g)
     y, want, ours, reference = step_rows_both_ways(mixer, tables, x, rows, new)

@@ -264,11 +264,12 @@ class H3Mixer(TokenMixer):
         return on_cpu and kernel_importable() and one_state is not None
 
     def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
-        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with each state updated in one pass, in place: a modal
-        state by :func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_` (the outer product, the recurrence, the
-        read-out and the contraction with q fused), a window of past kv inputs and the shift window by
-        :func:`~ssmhub.ops.window_rows.window_step_rows_` (each input met by its tap, the window shifted where it
-        lies). The protocol's gather, step and write-back where the kernel cannot run or a gradient is asked for."""
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with each state updated in one pass, in place: the
+        shift window and a modal state in one call of :func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_` (the
+        shift, the outer product, the recurrence, the read-out and the contraction with q fused), a window of past
+        kv inputs and the shift window by :func:`~ssmhub.ops.window_rows.window_step_rows_` (each input met by its
+        tap, the window shifted where it lies). The protocol's gather, step and write-back where the kernel cannot
+        run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
         one_pass = step is None and self.steps_rows_in_one_pass  # ``step``: a compiled stand-in for the step
         conv = self._rows_convolution(tables, rows, new, c) if one_pass else None
@@ -276,22 +277,28 @@ class H3Mixer(TokenMixer):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         q, k, v = self._qkv(x_t, None)  # (R, d) float32 each
-        k_shift = window_step_rows_(tables["shift_state"], rows, new, k, c["shift.kernel"], c.get("shift.skip"))
-        return self.out_proj(conv(q, k_shift, v).to(x_t.dtype))  # (R, d)
+        return self.out_proj(conv(q, k, v).to(x_t.dtype))  # (R, d)
 
     def _rows_convolution(self, tables, rows, new, c):
-        """(q, k, v) (R, d) each -> o (R, d): the long convolution's step on the table rows in place, or None where
-        no kernel can update its table."""
+        """(q, k before the shift, v) (R, d) each -> o (R, d): the shift and the long convolution's step on the
+        table rows in place, or None where no kernel can update the long convolution's table."""
         modal, window = self.convolution.single_modal_state(), self.convolution.single_window_state()
+        shift = (tables["shift_state"], c["shift.kernel"], c.get("shift.skip"))
+
+        def shifted(k):  # k (R, d) -> k̃ (R, d), the shift window stepped in place
+            return window_step_rows_(*shift[:1], rows, new, k, *shift[1:])
+
         if modal is not None and modal_kernel_available(tables[modal[0]]):
             name, prefix = modal
             lam = (c[prefix + "lambda_re"], c[prefix + "lambda_im"])
             residues = (c[prefix + "residue_re"], c[prefix + "residue_im"])
             direct = c[prefix + "d"] + c[prefix + "skip"]
+            fused = window_kernel_available(shift[0])  # the shift steps inside the modal kernel's call
 
             def modal_step(q, k, v):
+                k = k if fused else shifted(k)
                 heads = [t.reshape(t.shape[0], self.num_heads, self.head_dim) for t in (q, k, v)]  # [r, h, i]
-                o = modal_kv_step_rows_(tables[name], rows, new, heads, lam, residues, direct)  # (R, H, d_h)
+                o = modal_kv_step_rows_(tables[name], rows, new, heads, lam, residues, direct, shift if fused else None)
                 return o.reshape(o.shape[0], self.hidden_size)  # o[r, h, j] -> channel h·d_h + j
 
             return modal_step
@@ -303,7 +310,7 @@ class H3Mixer(TokenMixer):
             def window_step(kv):  # (R, d_h, d_h, H) -> (R, d_h, d_h, H)
                 return window_step_rows_(table, rows, new, kv.flatten(1), kernel, skip).view_as(kv), None
 
-            return lambda q, k, v: self._mix(q, k, v, window_step)[0]
+            return lambda q, k, v: self._mix(q, shifted(k), v, window_step)[0]
         return None
 
     def _step_with(self, x_t, state, mask_t, coefficients):

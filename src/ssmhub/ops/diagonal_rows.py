@@ -24,9 +24,12 @@ as the tensor step up to float32 round-off, not bit for bit.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .row_tables import flat_rows, rows_kernel_usable
+from .window_rows import window_kernel_available
 
 __all__ = ["diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
 
@@ -94,17 +97,25 @@ def modal_kv_step_rows_(
     lam: tuple[torch.Tensor, torch.Tensor],
     residues: tuple[torch.Tensor, torch.Tensor],
     direct: torch.Tensor,
+    shift: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """H3's state-passing step (arXiv 2212.14052 §3.1, its SSM in modal form) for the table rows ``rows``, in place:
     per head h, the state x[i, j] of each pair of head channels takes ``x = λ x + k_i v_j`` (every mode), is read
-    out as ``s_ij = Re Σ_n c_n x[n] + D_h k_i v_j`` and contracted with q: ``o_j = Σ_i q_i s_ij``.
+    out as ``s_ij = Re Σ_n c_n x[n] + D_h k_i v_j`` and contracted with q: ``o_j = Σ_i q_i s_ij``. With ``shift``,
+    k is first passed through H3's shift convolution (§3.1's shift SSM, a short causal convolution), its window
+    shifted in place in the same call (:func:`~ssmhub.ops.window_rows.window_step_rows_`'s step): one call per layer
+    and step where two cost two calls' dispatch, which a served step spends more on than on either window's bytes.
 
     Args:
         table: (slots, d_h, d_h, H, N) complex64 modal states of every slot; only the rows in ``rows`` change.
-        rows: (R,) int slot of each running row (distinct); new: (R,) bool, rows that start from the zero state.
-        qkv: q, the shifted k, and v, each (R, H, d_h) float32 (head h's channels h·d_h … h·d_h + d_h − 1).
+        rows: (R,) int slot of each running row (distinct); new: (R,) bool, rows that start from the zero state
+            (and an empty shift window).
+        qkv: q, k (shifted already, unless ``shift`` is given), and v, each (R, H, d_h) float32 (head h's channels
+            h·d_h … h·d_h + d_h − 1).
         lam, residues: (Re, Im) of λ and of the residues c, each (H, N); direct: (H,) D, the skip and the modal
             direct term together.
+        shift: None, or (window table (slots, H·d_h, M) float32, taps (H·d_h, K), skip (H·d_h,) or None), as
+            :func:`~ssmhub.ops.window_rows.window_step_rows_` takes them, one tap row per channel.
     Returns: o (R, H, d_h) float32.
     """
     if not modal_kernel_available(table):
@@ -118,12 +129,36 @@ def modal_kv_step_rows_(
                          f"({num_rows},); got {tuple(table.shape)} and {tuple(rows.shape)}")  # fmt: skip
     if new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},)")
+    shift_operands = _shift_operands(shift, heads * width)  # checked before any state changes
     from .row_kernels import modal_step_rows, use_torch_threads  # imports numba, at the first call
 
     use_torch_threads()
     planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues, direct)]  # (H, N) each, D (H,)
-    out = torch.empty(num_rows, heads, width, device=table.device)
+    k_shift, out = torch.empty(2, num_rows, heads, width, device=table.device)  # (R, H, d_h) each
     tile = max(1, _TILE_FLOATS // (4 * table.shape[-1]))  # heads whose λ and residues stay in L2 for every row
-    modal_step_rows(*flat_rows(torch.view_as_real(table.detach())), rows.long().numpy(), new.bool().numpy(), q.numpy(),
-              k.numpy(), v.numpy(), *planes, out.numpy(), tile)  # fmt: skip
+    shift_table, shift_stride, window, taps, current = shift_operands
+    modal_step_rows(*flat_rows(torch.view_as_real(table.detach())), shift_table, shift_stride, window,
+                    rows.long().numpy(), new.bool().numpy(), q.numpy(), k.numpy(), v.numpy(), taps, current, *planes,
+                    k_shift.numpy(), out.numpy(), tile)  # fmt: skip
     return out
+
+
+def _shift_operands(shift, channels: int):
+    """``modal_kv_step_rows_``'s shift as the kernel takes it: (flat window table, slot stride, window M, taps
+    (channels, ≥ M + 1) float32, current-input weights (channels,)); no shift is a window of none with unit
+    weights (k as it is). A ValueError naming what differs, before any work."""
+    if shift is None:
+        return np.zeros(1, np.float32), 0, 0, np.ones((channels, 1), np.float32), np.ones(channels, np.float32)
+    table, taps, skip = shift
+    if not window_kernel_available(table) or table.shape[1] != channels:
+        raise ValueError(f"shift's window table must be a float32 CPU table (slots, {channels}, M), each slot's "
+                         f"block contiguous; got {table.dtype} {tuple(table.shape)} on {table.device}")  # fmt: skip
+    window = table.shape[2]
+    if taps.shape[0] != channels or taps.dim() != 2 or (skip is not None and skip.shape != (channels,)):
+        raise ValueError(f"shift's taps must be ({channels}, K) and its skip ({channels},) or None; got "
+                         f"{tuple(taps.shape)} and {None if skip is None else tuple(skip.shape)}")  # fmt: skip
+    taps = taps.detach().float()
+    if taps.shape[1] <= window:  # fewer taps than the window reaches: zeros past K, (channels, M + 1)
+        taps = F.pad(taps, (0, window + 1 - taps.shape[1]))
+    current = taps[:, 0] if skip is None else taps[:, 0] + skip.detach().float()  # (channels,): u_t's weight
+    return (*flat_rows(table), window, taps.contiguous().numpy(), current.contiguous().numpy())

@@ -16,7 +16,8 @@ iteration walks a short contiguous stretch (a channel's modes, under 1 KB at 128
 hardware prefetcher, which ramps up anew on each stretch, left the loads waiting on memory: DLR's kernel ran at half
 the speed of a copy of its bytes. So each kernel asks for the state :data:`PREFETCH_AHEAD` floats ahead of where it
 reads (:func:`_prefetch_lines`, LLVM's ``llvm.prefetch`` hint, a no-op for the program's values), within the same
-slot's stretch that iteration walks.
+slot's stretch that iteration walks; H3's modal kernel only where a head's stretch is long (at 16 modes, two lines a
+head, the hints slowed it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ __all__ = [
 
 PREFETCH_AHEAD = 2048  # floats (8 KB): how far ahead of its reads a kernel asks for the state; 1-8 KB measured
 _LINE_FLOATS = 16  # floats per 64-byte cache line
+# H3's modal kernel asks for a head's state ahead only where a head's stretch is this long (64 modes): measured at
+# 16 modes (two lines a head) the hints made twelve layers' step slower, at 128 (sixteen lines) faster
+_MODAL_PREFETCH_SPAN = 8 * _LINE_FLOATS
 
 _LOWEST_DECAY_EXPONENT = np.float32(decay_exponent_floor(torch.float32))  # a constant of the compiled code
 
@@ -122,43 +126,123 @@ def diagonal_step_rows(table, slot_stride, rows, new, u, lam_re, lam_im, w_re, w
             z_im[r, h] = acc_im
 
 
+@numba.njit(inline="always")
+def _shift_input(table, at, window, flat_taps, oldest_tap, current, u, fresh):
+    """One channel's short causal convolution step, its window of ``window`` past inputs (oldest first) at
+    ``table[at:]`` shifted in place; returns the output. Window place s meets ``flat_taps[oldest_tap − s]`` (the tap
+    ``window − s`` steps back) and moves one place as it is read; ``u``, weight ``current``, takes the last place.
+    ``fresh``: an empty window (zeros), whatever the table holds. Unsigned indices (``at``, ``oldest_tap``)."""
+    acc = current * u
+    if window == 0:
+        return acc
+    if fresh:
+        for s in range(window - 1):
+            table[at + np.uint64(s)] = 0.0
+    else:
+        acc += flat_taps[oldest_tap] * table[at]
+        for s in range(1, window):
+            held = table[at + np.uint64(s)]
+            acc += flat_taps[oldest_tap - np.uint64(s)] * held
+            table[at + np.uint64(s - 1)] = held
+    table[at + np.uint64(window - 1)] = u
+    return acc
+
+
+@numba.njit(inline="always", fastmath=True)
+def _shift3_channels(table, at, taps, current, u, fresh, out):
+    """:func:`_shift_input` for windows of three inputs (four taps: H3's shift, Mamba's ``d_conv`` = 4) over a
+    stretch of channels, ``taps`` (C, ≥ 4), ``current``, ``u`` and ``out`` (C,) views, the windows three floats
+    each from ``table[at:]`` on: the three places written out, so that LLVM vectorizes across channels where the
+    general loop over a window of any length stays scalar."""
+    for c in range(u.shape[0]):
+        w = at + np.uint64(3 * c)  # window (c, 0), the oldest input
+        acc = current[c] * u[c]
+        if not fresh:
+            held_1, held_2 = table[w + np.uint64(1)], table[w + np.uint64(2)]
+            acc += taps[c, 3] * table[w] + taps[c, 2] * held_1 + taps[c, 1] * held_2
+        else:
+            held_1, held_2 = np.float32(0.0), np.float32(0.0)
+        table[w] = held_1
+        table[w + np.uint64(1)] = held_2
+        table[w + np.uint64(2)] = u[c]
+        out[c] = acc
+
+
+@numba.njit(inline="always", fastmath=True)
+def _modal_modes(x, h, u, lam_re, lam_im, c_re, c_im):
+    """``x = λ x + u`` over head h's modes, ``x`` its state as one view of interleaved (Re, Im) floats, in place;
+    returns ``Re Σ_n c_n x[n]``. A view of the stretch, not indices into the table: the loop's runtime alias checks
+    and address arithmetic then cost less per head, which is most of a head's time at 16 modes."""
+    z = np.float32(0.0)
+    for n in range(lam_re.shape[1]):
+        old_re, old_im = x[2 * n], x[2 * n + 1]
+        re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
+        im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
+        x[2 * n] = re
+        x[2 * n + 1] = im
+        z += c_re[h, n] * re - c_im[h, n] * im
+    return z
+
+
 @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def modal_step_rows(table, slot_stride, rows, new, q, k, v, lam_re, lam_im, c_re, c_im, direct, out, tile):
-    """H3's modal state-passing step over table rows (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`): a tile
-    of heads of one row per parallel iteration, rows inner (the tile's λ and residues read from cache by every
-    row), each pair (i, j) of head channels a contiguous stretch of the tile's heads and modes."""
+def modal_step_rows(table, slot_stride, shift_table, shift_stride, window, rows, new, q, k, v, shift_taps,
+                    shift_current, lam_re, lam_im, c_re, c_im, direct, k_shift, out, tile):  # fmt: skip
+    """H3's step over table rows, its shift and its modal state-passing in one call
+    (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`): a tile of heads of one row per parallel iteration, rows
+    inner (the tile's λ and residues read from cache by every row). Each k channel goes through the shift window
+    (:func:`_shift3_channels` for a window of three, :func:`_shift_input` else; ``window`` 0 with unit taps: k as it
+    is), then each head is stepped and read out: with one channel a head (d_h = 1, H3's diagonal SSM) head after
+    head, with more each pair (i, j) of head channels a contiguous stretch of the tile's heads and modes."""
     num_rows, heads, width = q.shape
     modes = lam_re.shape[1]
+    span = 2 * modes  # floats of one head's state for one pair (i, j)
     tiles = (heads + tile - 1) // tile
-    ahead = max(1, PREFETCH_AHEAD // (2 * modes))  # heads
+    flat_taps = shift_taps.reshape(-1)  # (d·K,): channel c's tap s at c·K + s
+    tap_count = shift_taps.shape[1]
+    ahead = max(1, PREFETCH_AHEAD // span)  # heads
+    prefetching = span >= _MODAL_PREFETCH_SPAN
     for flat in numba.prange(tiles * num_rows):
         t = flat // num_rows
         r = flat - t * num_rows
         first, end = t * tile, min(heads, (t + 1) * tile)
+        fresh = new[r]  # the zero state and an empty window before a first token
+        shift_at = np.uint64(rows[r] * shift_stride)  # window (slot, 0, 0)
+        lo, hi = first * width, end * width  # the tile's k channels, c = h·d_h + i
+        k_row, shifted = k[r].reshape(-1), k_shift[r].reshape(-1)  # (d,) views
+        if window == 3:
+            _shift3_channels(shift_table, shift_at + np.uint64(3 * lo), shift_taps[lo:hi], shift_current[lo:hi],
+                             k_row[lo:hi], fresh, shifted[lo:hi])  # fmt: skip
+        else:
+            for c in range(lo, hi):
+                at, oldest = shift_at + np.uint64(c * window), np.uint64(c * tap_count + window)
+                shifted[c] = _shift_input(shift_table, at, window, flat_taps, oldest, shift_current[c], k_row[c], fresh)
         for h in range(first, end):
-            for j in range(width):
-                out[r, h, j] = 0.0
+            if width == 1:  # one pair a head: step it now, while its k is at hand
+                at = np.uint64(rows[r] * slot_stride + h * span)  # Re x[0, 0, h, 0]
+                if prefetching and h + ahead < end:
+                    _prefetch_lines(table, at + np.uint64(ahead * span), span)
+                x = table[at : at + np.uint64(span)]
+                if fresh:
+                    x[:] = 0.0
+                u = k_shift[r, h, 0] * v[r, h, 0]
+                out[r, h, 0] = q[r, h, 0] * (_modal_modes(x, h, u, lam_re, lam_im, c_re, c_im) + direct[h] * u)
+            else:
+                for j in range(width):
+                    out[r, h, j] = 0.0
+        if width == 1:
+            continue
         for i in range(width):  # o_j = Σ_i q_i s_ij, summed in the order of i
             for j in range(width):
-                pair = np.uint64(rows[r] * slot_stride + (i * width + j) * heads * modes * 2)  # Re x[i, j, 0, 0]
+                pair = np.uint64(rows[r] * slot_stride + (i * width + j) * heads * span)  # Re x[i, j, 0, 0]
                 for h in range(first, end):
-                    at = pair + np.uint64(h * modes * 2)  # Re x[i, j, h, 0]
-                    if h + ahead < end:
-                        _prefetch_lines(table, at + np.uint64(ahead * 2 * modes), 2 * modes)
-                    if new[r]:  # the zero state before a first token
-                        for n in range(2 * modes):
-                            table[at + np.uint64(n)] = 0.0
-                    u = k[r, h, i] * v[r, h, j]
-                    z = np.float32(0.0)
-                    for n in range(modes):
-                        i_re = at + np.uint64(2 * n)  # Im follows Re
-                        old_re = table[i_re]
-                        old_im = table[i_re + np.uint64(1)]
-                        re = lam_re[h, n] * old_re - lam_im[h, n] * old_im + u
-                        im = lam_re[h, n] * old_im + lam_im[h, n] * old_re
-                        table[i_re] = re
-                        table[i_re + np.uint64(1)] = im
-                        z += c_re[h, n] * re - c_im[h, n] * im
+                    at = pair + np.uint64(h * span)  # Re x[i, j, h, 0]
+                    if prefetching and h + ahead < end:
+                        _prefetch_lines(table, at + np.uint64(ahead * span), span)
+                    x = table[at : at + np.uint64(span)]
+                    if fresh:
+                        x[:] = 0.0
+                    u = k_shift[r, h, i] * v[r, h, j]
+                    z = _modal_modes(x, h, u, lam_re, lam_im, c_re, c_im)
                     out[r, h, j] += q[r, h, i] * (z + direct[h] * u)
 
 
@@ -234,45 +318,21 @@ def window_step_rows(table, slot_stride, window, rows, new, u, taps, current, bi
         weight, offset = current[t], bias[t]
         for r in range(num_rows):
             at = np.uint64(rows[r] * slot_stride + c * window)  # window (slot, c, 0), the oldest input
-            u_rc = u[r, c]
-            acc = weight * u_rc + offset
-            if new[r]:  # a new request: an empty window (zeros), whatever the reused slot holds
-                for s in range(window - 1):
-                    table[at + np.uint64(s)] = 0.0
-            else:
-                acc += flat_taps[oldest_tap] * table[at]
-                for s in range(1, window):
-                    held = table[at + np.uint64(s)]
-                    acc += flat_taps[oldest_tap - np.uint64(s)] * held
-                    table[at + np.uint64(s - 1)] = held
-            table[at + np.uint64(window - 1)] = u_rc
-            y[r, c] = acc
+            y[r, c] = _shift_input(table, at, window, flat_taps, oldest_tap, weight, u[r, c], new[r]) + offset
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
 def window3_step_rows(table, slot_stride, rows, new, u, taps, current, bias, y):
-    """:func:`window_step_rows` for windows of three inputs, a four-tap convolution's (Mamba's ``d_conv`` = 4, H3's
-    shift of four taps). Rows outside, channels inside, the three places written out: a row's windows are one
-    contiguous stretch, and LLVM vectorizes across its channels, where the general kernel's loop over a window of
-    any length stays scalar. Channel c = k·T + t is walked as (k, t), which spares an integer division (c mod T)
-    per window."""
+    """:func:`window_step_rows` for windows of three inputs (:func:`_shift3_channels`): rows outside, channels
+    inside, a row's windows one contiguous stretch. Channel c = k·T + t is walked as blocks of T channels (k), each
+    with the T tap rows, which spares an integer division (c mod T) per window."""
     num_rows, channels = u.shape
     tap_rows = taps.shape[0]
     for r in numba.prange(num_rows):  # one row per iteration, its channels inside
         base = np.uint64(rows[r] * slot_stride)  # window (slot, 0, 0)
-        fresh = new[r]  # a new request: an empty window (zeros), whatever the reused slot holds
         for k in range(channels // tap_rows):
+            block = slice(k * tap_rows, (k + 1) * tap_rows)
+            _shift3_channels(table, base + np.uint64(3 * k * tap_rows), taps, current, u[r, block], new[r],
+                             y[r, block])  # fmt: skip
             for t in range(tap_rows):
-                c = k * tap_rows + t
-                at = base + np.uint64(3 * c)  # window (slot, c, 0), the oldest input
-                u_rc = u[r, c]
-                acc = current[t] * u_rc + bias[t]
-                if not fresh:
-                    held_1, held_2 = table[at + np.uint64(1)], table[at + np.uint64(2)]
-                    acc += taps[t, 3] * table[at] + taps[t, 2] * held_1 + taps[t, 1] * held_2
-                else:
-                    held_1, held_2 = np.float32(0.0), np.float32(0.0)
-                table[at] = held_1
-                table[at + np.uint64(1)] = held_2
-                table[at + np.uint64(2)] = u_rc
-                y[r, c] = acc
+                y[r, k * tap_rows + t] += bias[t]
