@@ -269,6 +269,7 @@ def test_the_modal_kernels_shift_is_refused_before_any_state_changes():
     qkv, planes = (torch.ones(1, 3, 1),) * 3, (torch.zeros(3, 4),) * 2
     for shift, message in (
         ((torch.zeros(2, 4, 3), torch.zeros(3, 4), None), "window table must be"),
+        ((torch.zeros(1, 3, 3), torch.zeros(3, 4), None), "window table must be"),  # fewer slots than the states
         ((torch.zeros(2, 3, 3), torch.zeros(2, 4), None), "taps must be"),
         ((torch.zeros(2, 3, 3), torch.zeros(3, 4), torch.zeros(2)), "taps must be"),
     ):

@@ -283,10 +283,10 @@ class H3Mixer(TokenMixer):
         """(q, k before the shift, v) (R, d) each -> o (R, d): the shift and the long convolution's step on the
         table rows in place, or None where no kernel can update the long convolution's table."""
         modal, window = self.convolution.single_modal_state(), self.convolution.single_window_state()
-        shift = (tables["shift_state"], c["shift.kernel"], c.get("shift.skip"))
+        shift = (tables["shift_state"], c["shift.kernel"], c.get("shift.skip"))  # window table, taps, skip
 
         def shifted(k):  # k (R, d) -> k̃ (R, d), the shift window stepped in place
-            return window_step_rows_(*shift[:1], rows, new, k, *shift[1:])
+            return window_step_rows_(shift[0], rows, new, k, shift[1], shift[2])
 
         if modal is not None and modal_kernel_available(tables[modal[0]]):
             name, prefix = modal

@@ -129,7 +129,7 @@ def modal_kv_step_rows_(
                          f"({num_rows},); got {tuple(table.shape)} and {tuple(rows.shape)}")  # fmt: skip
     if new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},)")
-    shift_operands = _shift_operands(shift, heads * width)  # checked before any state changes
+    shift_operands = _shift_operands(shift, table.shape[0], heads * width)  # checked before any state changes
     from .row_kernels import modal_step_rows, use_torch_threads  # imports numba, at the first call
 
     use_torch_threads()
@@ -143,15 +143,15 @@ def modal_kv_step_rows_(
     return out
 
 
-def _shift_operands(shift, channels: int):
+def _shift_operands(shift, slots: int, channels: int):
     """``modal_kv_step_rows_``'s shift as the kernel takes it: (flat window table, slot stride, window M, taps
     (channels, ≥ M + 1) float32, current-input weights (channels,)); no shift is a window of none with unit
     weights (k as it is). A ValueError naming what differs, before any work."""
     if shift is None:
         return np.zeros(1, np.float32), 0, 0, np.ones((channels, 1), np.float32), np.ones(channels, np.float32)
     table, taps, skip = shift
-    if not window_kernel_available(table) or table.shape[1] != channels:
-        raise ValueError(f"shift's window table must be a float32 CPU table (slots, {channels}, M), each slot's "
+    if not window_kernel_available(table) or table.shape[:2] != (slots, channels):
+        raise ValueError(f"shift's window table must be a float32 CPU table ({slots}, {channels}, M), each slot's "
                          f"block contiguous; got {table.dtype} {tuple(table.shape)} on {table.device}")  # fmt: skip
     window = table.shape[2]
     if taps.shape[0] != channels or taps.dim() != 2 or (skip is not None and skip.shape != (channels,)):
