@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .row_tables import flat_rows, rows_kernel_usable
-from .window_rows import window_kernel_available
+from .window_rows import kernel_taps, window_kernel_available
 
 __all__ = ["diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
 
@@ -157,8 +156,4 @@ def _shift_operands(shift, slots: int, channels: int):
     if taps.shape[0] != channels or taps.dim() != 2 or (skip is not None and skip.shape != (channels,)):
         raise ValueError(f"shift's taps must be ({channels}, K) and its skip ({channels},) or None; got "
                          f"{tuple(taps.shape)} and {None if skip is None else tuple(skip.shape)}")  # fmt: skip
-    taps = taps.detach().float()
-    if taps.shape[1] <= window:  # fewer taps than the window reaches: zeros past K, (channels, M + 1)
-        taps = F.pad(taps, (0, window + 1 - taps.shape[1]))
-    current = taps[:, 0] if skip is None else taps[:, 0] + skip.detach().float()  # (channels,): u_t's weight
-    return (*flat_rows(table), window, taps.contiguous().numpy(), current.contiguous().numpy())
+    return (*flat_rows(table), window, *kernel_taps(taps, skip, window))

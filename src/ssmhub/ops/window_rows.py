@@ -19,13 +19,23 @@ import torch.nn.functional as F
 from .longconv import causal_conv_step
 from .row_tables import check_row_operands, flat_rows, rows_kernel_usable
 
-__all__ = ["window_kernel_available", "window_step_rows_"]
+__all__ = ["kernel_taps", "window_kernel_available", "window_step_rows_"]
 
 
 def window_kernel_available(table: torch.Tensor) -> bool:
     """Whether :func:`window_step_rows_` can update ``table`` (slots, H, M), M ≥ 1: numba importable, a float32 CPU
     table with each slot's (H, M) block contiguous, and not under ``torch.compile``."""
     return rows_kernel_usable(table, torch.float32, 3) and table.shape[2] >= 1
+
+
+def kernel_taps(taps: torch.Tensor, skip: torch.Tensor | None, window: int):
+    """``taps`` (T, K) and ``skip`` (T,) or None as the window kernels take them: (taps (T, ≥ M + 1), zeros past K
+    where K ≤ M; the current input's weight taps[:, 0] + skip (T,)), float32 numpy arrays, for a window of M."""
+    taps = taps.detach().float()
+    if taps.shape[1] <= window:  # fewer taps than the window reaches: zeros past K, (T, M + 1)
+        taps = F.pad(taps, (0, window + 1 - taps.shape[1]))
+    current = taps[:, 0] if skip is None else taps[:, 0] + skip.detach().float()  # (T,): the weight of u_t
+    return taps.contiguous().numpy(), current.contiguous().numpy()
 
 
 def window_step_rows_(
@@ -71,12 +81,8 @@ def window_step_rows_(
 
     use_torch_threads()
     cpu, window = table.device, table.shape[2]
-    taps = taps.detach().float()
-    if taps.shape[1] <= window:  # fewer taps than the window reaches: zeros past K, (T, M + 1)
-        taps = F.pad(taps, (0, window + 1 - taps.shape[1]))
-    skip, bias = (torch.zeros(tap_rows, device=cpu) if t is None else t.detach().float() for t in (skip, bias))
-    current = taps[:, 0] + skip  # (T,): the weight of u_t
-    operands = [t.contiguous().numpy() for t in (u_t.detach().float(), taps, current, bias)]
+    bias = torch.zeros(tap_rows, device=cpu) if bias is None else bias.detach().float()
+    operands = [u_t.detach().float().contiguous().numpy(), *kernel_taps(taps, skip, window), bias.contiguous().numpy()]
     y = torch.empty(num_rows, channels, device=cpu)  # (R, H) float32
     flat, stride = flat_rows(table)
     indices = rows.long().numpy(), new.bool().numpy()
