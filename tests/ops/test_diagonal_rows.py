@@ -329,3 +329,43 @@ def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(kind, layo
         got, expected = (torch.view_as_real(t) if t.is_complex() else t for t in (ours[name], reference[name]))
         torch.testing.assert_close(got, expected, rtol=0, atol=64 * EPS32 * (scale + 1))
     torch.testing.assert_close(y, want, rtol=0, atol=1e-5 * (want.abs().amax().item() + 1))
+
+
+@pytest.mark.parametrize("kind", ["diagonal SSM", "distilled", "long convolution"])
+def test_h3_step_rows_keeps_its_kernel_operands_only_while_weights_and_tables_stay(kind):
+    """H3 keeps its kernel's operands (``_kept_rows_convolution``) between steps on the same tables and weights, and
+    forms them anew after an in-place change of the weights (as an optimizer step makes) and for tables that lie
+    elsewhere: every step equals the protocol's oracle stepping copies of the same tables alongside."""
+    mixer = _h3(kind)
+    g = torch.Generator().manual_seed(2)
+    ours = {}
+    for name, (shape, dtype) in mixer.state_layout(9).items():
+        ours[name] = (
+            torch.randn(shape, dtype=dtype, generator=g) if dtype.is_complex else torch.randn(shape, generator=g)
+        )
+    reference = {name: t.clone() for name, t in ours.items()}
+    rows, new = torch.tensor([8, 0, 3]), torch.tensor([False, True, False])
+
+    def step_and_compare():
+        x = torch.randn(3, 12, generator=g)
+        with torch.no_grad():
+            y = mixer.step_rows_(x, ours, rows, new)
+            want = TokenMixer.step_rows_(mixer, x, reference, rows, new)
+        torch.testing.assert_close(y, want, rtol=0, atol=1e-5 * (want.abs().amax().item() + 1))
+        for name in ours:
+            got, expected = (torch.view_as_real(t) if t.is_complex() else t for t in (ours[name], reference[name]))
+            torch.testing.assert_close(got, expected, rtol=0, atol=64 * EPS32 * (expected.abs().amax().item() + 1))
+        return mixer.__dict__["_kept_rows_convolution_entry"]
+
+    first = step_and_compare()
+    assert step_and_compare() is first  # the same weights and tables: kept
+    with torch.no_grad():
+        for tensor in (*mixer.parameters(), *mixer.buffers()):
+            if tensor.is_floating_point() or tensor.is_complex():
+                tensor.mul_(0.8)  # every weight changed in place, where it lies
+    after_update = step_and_compare()
+    assert after_update is not first
+    left, before = ours, {name: t.clone() for name, t in ours.items()}
+    ours = {name: t.clone() for name, t in ours.items()}  # the same states, elsewhere
+    assert step_and_compare() is not after_update
+    assert all(torch.equal(left[name], before[name]) for name in left)  # the tables left behind did not change

@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.diagonal_rows import modal_kernel_available, modal_kv_step_rows_
+from ..ops.diagonal_rows import ModalRowsStep, modal_kernel_available
 from ..ops.longconv import causal_conv_step
 from ..ops.modal import ModalKernel, hankel_singular_values
 from ..ops.row_tables import kernel_importable
@@ -56,6 +56,7 @@ from .h3_convolutions import DistilledConvolution, long_convolution
 from .h3_distillation import DistillationReport, HeadFits, ModalForm, check_distill_request
 from .h3_options import H3Options
 from .longconv import LongConvKernel
+from .memo import can_keep, kept
 from .mixer import TokenMixer
 
 __all__ = ["DistillationReport", "H3Mixer", "H3Options"]
@@ -265,27 +266,36 @@ class H3Mixer(TokenMixer):
 
     def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
         """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` with each state updated in one pass, in place: the
-        shift window and a modal state in one call of :func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_` (the
+        shift window and a modal state in one call of a :class:`~ssmhub.ops.diagonal_rows.ModalRowsStep` (the
         shift, the outer product, the recurrence, the read-out and the contraction with q fused), a window of past
         kv inputs and the shift window by :func:`~ssmhub.ops.window_rows.window_step_rows_` (each input met by its
         tap, the window shifted where it lies). The protocol's gather, step and write-back where the kernel cannot
         run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
         one_pass = step is None and self.steps_rows_in_one_pass  # ``step``: a compiled stand-in for the step
-        conv = self._rows_convolution(tables, rows, new, c) if one_pass else None
+        conv = self._kept_rows_convolution(tables, c) if one_pass else None
         if conv is None or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
-        q, k, v = self._qkv(x_t, None)  # (R, d) float32 each
-        return self.out_proj(conv(q, k, v).to(x_t.dtype))  # (R, d)
+        return self.out_proj(conv(rows, new, self.in_proj(x_t).float()).to(x_t.dtype))  # (R, 3d) -> o (R, d)
 
-    def _rows_convolution(self, tables, rows, new, c):
-        """(q, k before the shift, v) (R, d) each -> o (R, d): the shift and the long convolution's step on the
-        table rows in place, or None where no kernel can update the long convolution's table."""
+    def _kept_rows_convolution(self, tables, c):
+        """:meth:`_rows_convolution`, kept between steps while the coefficients are the same dict
+        (:meth:`kept_step_coefficients` forms a new one when a weight changes) and the tables lie where they lay:
+        a step then hands its kernel only its rows and inputs. The entry holds ``c``, so no other dict takes its
+        id while it is kept."""
+        if not can_keep():
+            return self._rows_convolution(tables, c)
+        key = (id(c), *((t.data_ptr(), t.shape, t.stride()) for t in tables.values()))
+        return kept(self, "_kept_rows_convolution_entry", key, lambda: (c, self._rows_convolution(tables, c)))[1]
+
+    def _rows_convolution(self, tables, c):
+        """(rows, new, qkv (R, 3d): q, k before the shift, v) -> o (R, d): the shift and the long convolution's
+        step on the table rows in place, or None where no kernel can update the long convolution's table."""
         modal, window = self.convolution.single_modal_state(), self.convolution.single_window_state()
         shift = (tables["shift_state"], c["shift.kernel"], c.get("shift.skip"))  # window table, taps, skip
 
-        def shifted(k):  # k (R, d) -> k̃ (R, d), the shift window stepped in place
+        def shifted(rows, new, k):  # k (R, d) -> k̃ (R, d), the shift window stepped in place
             return window_step_rows_(shift[0], rows, new, k, shift[1], shift[2])
 
         if modal is not None and modal_kernel_available(tables[modal[0]]):
@@ -293,24 +303,28 @@ class H3Mixer(TokenMixer):
             lam = (c[prefix + "lambda_re"], c[prefix + "lambda_im"])
             residues = (c[prefix + "residue_re"], c[prefix + "residue_im"])
             direct = c[prefix + "d"] + c[prefix + "skip"]
-            fused = window_kernel_available(shift[0])  # the shift steps inside the modal kernel's call
+            if window_kernel_available(shift[0]):  # the shift steps inside the modal kernel's call
+                return ModalRowsStep(tables[name], lam, residues, direct, shift)
+            modal_step = ModalRowsStep(tables[name], lam, residues, direct)
 
-            def modal_step(q, k, v):
-                k = k if fused else shifted(k)
-                heads = [t.reshape(t.shape[0], self.num_heads, self.head_dim) for t in (q, k, v)]  # [r, h, i]
-                o = modal_kv_step_rows_(tables[name], rows, new, heads, lam, residues, direct, shift if fused else None)
-                return o.reshape(o.shape[0], self.hidden_size)  # o[r, h, j] -> channel h·d_h + j
+            def shift_then_modal(rows, new, qkv):
+                q, k, v = qkv.chunk(3, dim=-1)  # (R, d) each
+                return modal_step(rows, new, torch.cat([q, shifted(rows, new, k), v], dim=-1))
 
-            return modal_step
+            return shift_then_modal
         blocks = window is not None and tables[window][0].is_contiguous()  # each slot's block: flattened as a view
         table = tables[window].flatten(1, 3) if blocks else None  # (slots, d_h·d_h·H, L − 1)
         if table is not None and window_kernel_available(table):
             kernel, skip = c["kernel"], c["skip"]  # (H, L): channel (i, j, h) of the window takes head h's
 
-            def window_step(kv):  # (R, d_h, d_h, H) -> (R, d_h, d_h, H)
-                return window_step_rows_(table, rows, new, kv.flatten(1), kernel, skip).view_as(kv), None
+            def window_conv(rows, new, qkv):
+                def window_step(kv):  # (R, d_h, d_h, H) -> (R, d_h, d_h, H)
+                    return window_step_rows_(table, rows, new, kv.flatten(1), kernel, skip).view_as(kv), None
 
-            return lambda q, k, v: self._mix(q, shifted(k), v, window_step)[0]
+                q, k, v = qkv.chunk(3, dim=-1)  # (R, d) each
+                return self._mix(q, shifted(rows, new, k), v, window_step)[0]
+
+            return window_conv
         return None
 
     def _step_with(self, x_t, state, mask_t, coefficients):

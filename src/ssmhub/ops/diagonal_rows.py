@@ -30,7 +30,7 @@ import torch
 from .row_tables import flat_rows, rows_kernel_usable
 from .window_rows import kernel_taps, window_kernel_available
 
-__all__ = ["diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
+__all__ = ["ModalRowsStep", "diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
 
 
 def kernel_available(table: torch.Tensor) -> bool:
@@ -105,6 +105,8 @@ def modal_kv_step_rows_(
     shifted in place in the same call (:func:`~ssmhub.ops.window_rows.window_step_rows_`'s step): one call per layer
     and step where two cost two calls' dispatch, which a served step spends more on than on either window's bytes.
 
+    One call of :class:`ModalRowsStep`, which a decode loop keeps between steps instead.
+
     Args:
         table: (slots, d_h, d_h, H, N) complex64 modal states of every slot; only the rows in ``rows`` change.
         rows: (R,) int slot of each running row (distinct); new: (R,) bool, rows that start from the zero state
@@ -117,29 +119,59 @@ def modal_kv_step_rows_(
             :func:`~ssmhub.ops.window_rows.window_step_rows_` takes them, one tap row per channel.
     Returns: o (R, H, d_h) float32.
     """
-    if not modal_kernel_available(table):
-        raise ValueError(f"the kernel needs a complex64 CPU table, each slot's block contiguous, and numba, outside "
-                         f"torch.compile; got {table.dtype} {tuple(table.shape)} with strides {table.stride()} on "
-                         f"{table.device}")  # fmt: skip
-    q, k, v = (t.detach().float().contiguous() for t in qkv)
-    num_rows, heads, width = q.shape
-    if table.dim() != 5 or table.shape[1:4] != (width, width, heads) or rows.shape != (num_rows,):
-        raise ValueError(f"table must be (slots, {width}, {width}, {heads}, N) for q {tuple(q.shape)} and rows "
-                         f"({num_rows},); got {tuple(table.shape)} and {tuple(rows.shape)}")  # fmt: skip
-    if new.shape != (num_rows,) or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}, new ({num_rows},)")
-    shift_operands = _shift_operands(shift, table.shape[0], heads * width)  # checked before any state changes
-    from .row_kernels import modal_step_rows, use_torch_threads  # imports numba, at the first call
+    q = qkv[0]
+    if table.dim() != 5 or q.dim() != 3 or table.shape[1:4] != (q.shape[2], q.shape[2], q.shape[1]):
+        raise ValueError(f"table must be (slots, d_h, d_h, H, N) for q (R, H, d_h) {tuple(q.shape)}; got "
+                         f"{tuple(table.shape)}")  # fmt: skip
+    if any(t.shape != q.shape for t in qkv):
+        raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}; got {[tuple(t.shape) for t in qkv]}")
+    step = ModalRowsStep(table, lam, residues, direct, shift)
+    return step(rows, new, torch.stack(qkv, 1).flatten(1)).view_as(q)  # qkv: (R, 3, H, d_h) -> (R, 3·H·d_h)
 
-    use_torch_threads()
-    planes = [t.detach().float().contiguous().numpy() for t in (*lam, *residues, direct)]  # (H, N) each, D (H,)
-    k_shift, out = torch.empty(2, num_rows, heads, width, device=table.device)  # (R, H, d_h) each
-    tile = max(1, _TILE_FLOATS // (4 * table.shape[-1]))  # heads whose λ and residues stay in L2 for every row
-    shift_table, shift_stride, window, taps, current = shift_operands
-    modal_step_rows(*flat_rows(torch.view_as_real(table.detach())), shift_table, shift_stride, window,
-                    rows.long().numpy(), new.bool().numpy(), q.numpy(), k.numpy(), v.numpy(), taps, current, *planes,
-                    k_shift.numpy(), out.numpy(), tile)  # fmt: skip
-    return out
+
+class ModalRowsStep:
+    """:func:`modal_kv_step_rows_` for one state table and one set of weights, with what depends only on them (the
+    table and the shift window as the kernel reads them, λ, the residues, D and the shift's taps as numpy arrays)
+    formed and checked once: a decode loop keeps one per layer while neither changes, and each step then hands the
+    kernel only its rows and its inputs (formed anew each call, those conversions and checks are Python work
+    repeated for every layer of every step). The arguments are :func:`modal_kv_step_rows_`'s, read as they are
+    now: when the weights or the table change, form a new one."""
+
+    def __init__(self, table, lam, residues, direct, shift=None):
+        if not modal_kernel_available(table):
+            raise ValueError(f"the kernel needs a complex64 CPU table, each slot's block contiguous, and numba, "
+                             f"outside torch.compile; got {table.dtype} {tuple(table.shape)} with strides "
+                             f"{table.stride()} on {table.device}")  # fmt: skip
+        slots, self.width, _, self.heads, modes = table.shape
+        if table.shape[1] != table.shape[2]:
+            raise ValueError(f"table must be (slots, d_h, d_h, H, N); got {tuple(table.shape)}")
+        planes = (*lam, *residues, direct)
+        if any(t.shape != (self.heads, modes) for t in planes[:4]) or direct.shape != (self.heads,):
+            raise ValueError(f"λ and the residues must be ({self.heads}, {modes}) each and direct ({self.heads},) "
+                             f"for a table {tuple(table.shape)}; got {[tuple(t.shape) for t in planes]}")  # fmt: skip
+        self._shift = _shift_operands(shift, slots, self.heads * self.width)  # checked before any state changes
+        self._planes = [t.detach().float().contiguous().numpy() for t in planes]  # (H, N) each, D (H,)
+        self._table = table  # keeps the memory the flat view below reads alive
+        self._flat = flat_rows(torch.view_as_real(table.detach()))
+        self._tile = max(1, _TILE_FLOATS // (4 * modes))  # heads whose λ and residues stay in L2 for every row
+
+    def __call__(self, rows: torch.Tensor, new: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """rows (R,) slots, new (R,) bool, qkv (R, 3·H·d_h): q, k and v side by side (an input projection's output
+        as it is; float32) -> o (R, H·d_h) float32; the rows' states updated in place."""
+        num_rows, channels = rows.shape[0], self.heads * self.width
+        if qkv.shape != (num_rows, 3 * channels) or new.shape != (num_rows,) or rows.dim() != 1:
+            raise ValueError(f"qkv must be ({num_rows}, {3 * channels}) and new ({num_rows},) for rows "
+                             f"{tuple(rows.shape)}; got {tuple(qkv.shape)} and {tuple(new.shape)}")  # fmt: skip
+        from .row_kernels import modal_step_rows, use_torch_threads  # imports numba, at the first call
+
+        use_torch_threads()
+        qkv = qkv.detach().float().contiguous().view(num_rows, 3, self.heads, self.width)  # [r, q|k|v, h, i]
+        k_shift, out = torch.empty(2, num_rows, self.heads, self.width, device=qkv.device)  # (R, H, d_h) each
+        shift_table, shift_stride, window, taps, current = self._shift
+        rows, new = rows.long().numpy(), new.bool().numpy()
+        modal_step_rows(*self._flat, shift_table, shift_stride, window, rows, new, qkv.numpy(), taps, current,
+                        *self._planes, k_shift.numpy(), out.numpy(), self._tile)  # fmt: skip
+        return out.view(num_rows, channels)
 
 
 def _shift_operands(shift, slots: int, channels: int):

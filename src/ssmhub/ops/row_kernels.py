@@ -185,15 +185,16 @@ def _modal_modes(x, h, u, lam_re, lam_im, c_re, c_im):
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, boundscheck=False)
-def modal_step_rows(table, slot_stride, shift_table, shift_stride, window, rows, new, q, k, v, shift_taps,
-                    shift_current, lam_re, lam_im, c_re, c_im, direct, k_shift, out, tile):  # fmt: skip
+def modal_step_rows(table, slot_stride, shift_table, shift_stride, window, rows, new, qkv, shift_taps, shift_current,
+                    lam_re, lam_im, c_re, c_im, direct, k_shift, out, tile):  # fmt: skip
     """H3's step over table rows, its shift and its modal state-passing in one call
     (:func:`~ssmhub.ops.diagonal_rows.modal_kv_step_rows_`): a tile of heads of one row per parallel iteration, rows
     inner (the tile's λ and residues read from cache by every row). Each k channel goes through the shift window
     (:func:`_shift3_channels` for a window of three, :func:`_shift_input` else; ``window`` 0 with unit taps: k as it
     is), then each head is stepped and read out: with one channel a head (d_h = 1, H3's diagonal SSM) head after
-    head, with more each pair (i, j) of head channels a contiguous stretch of the tile's heads and modes."""
-    num_rows, heads, width = q.shape
+    head, with more each pair (i, j) of head channels a contiguous stretch of the tile's heads and modes. ``qkv``
+    (R, 3, H, d_h): q, k and v side by side, as the input projection writes them."""
+    num_rows, _, heads, width = qkv.shape
     modes = lam_re.shape[1]
     span = 2 * modes  # floats of one head's state for one pair (i, j)
     tiles = (heads + tile - 1) // tile
@@ -208,7 +209,8 @@ def modal_step_rows(table, slot_stride, shift_table, shift_stride, window, rows,
         fresh = new[r]  # the zero state and an empty window before a first token
         shift_at = np.uint64(rows[r] * shift_stride)  # window (slot, 0, 0)
         lo, hi = first * width, end * width  # the tile's k channels, c = h·d_h + i
-        k_row, shifted = k[r].reshape(-1), k_shift[r].reshape(-1)  # (d,) views
+        q, k, v = qkv[r, 0], qkv[r, 1], qkv[r, 2]  # (H, d_h) each, C-contiguous views
+        k_row, shifted = k.reshape(-1), k_shift[r].reshape(-1)  # (d,) views
         if window == 3:
             _shift3_channels(shift_table, shift_at + np.uint64(3 * lo), shift_taps[lo:hi], shift_current[lo:hi],
                              k_row[lo:hi], fresh, shifted[lo:hi])  # fmt: skip
@@ -224,8 +226,8 @@ def modal_step_rows(table, slot_stride, shift_table, shift_stride, window, rows,
                 x = table[at : at + np.uint64(span)]
                 if fresh:
                     x[:] = 0.0
-                u = k_shift[r, h, 0] * v[r, h, 0]
-                out[r, h, 0] = q[r, h, 0] * (_modal_modes(x, h, u, lam_re, lam_im, c_re, c_im) + direct[h] * u)
+                u = k_shift[r, h, 0] * v[h, 0]
+                out[r, h, 0] = q[h, 0] * (_modal_modes(x, h, u, lam_re, lam_im, c_re, c_im) + direct[h] * u)
             else:
                 for j in range(width):
                     out[r, h, j] = 0.0
@@ -241,9 +243,9 @@ def modal_step_rows(table, slot_stride, shift_table, shift_stride, window, rows,
                     x = table[at : at + np.uint64(span)]
                     if fresh:
                         x[:] = 0.0
-                    u = k_shift[r, h, i] * v[r, h, j]
+                    u = k_shift[r, h, i] * v[h, j]
                     z = _modal_modes(x, h, u, lam_re, lam_im, c_re, c_im)
-                    out[r, h, j] += q[r, h, i] * (z + direct[h] * u)
+                    out[r, h, j] += q[h, i] * (z + direct[h] * u)
 
 
 @intrinsic
