@@ -331,18 +331,16 @@ def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(kind, layo
     torch.testing.assert_close(y, want, rtol=0, atol=1e-5 * (want.abs().amax().item() + 1))
 
 
-@pytest.mark.parametrize("kind", ["diagonal SSM", "distilled", "long convolution"])
-def test_h3_step_rows_keeps_its_kernel_operands_only_while_weights_and_tables_stay(kind):
-    """H3 keeps its kernel's operands (``_kept_rows_convolution``) between steps on the same tables and weights, and
-    forms them anew after an in-place change of the weights (as an optimizer step makes) and for tables that lie
-    elsewhere: every step equals the protocol's oracle stepping copies of the same tables alongside."""
-    mixer = _h3(kind)
+@pytest.mark.parametrize("kind", ["DLR", "H3 diagonal SSM", "H3 distilled", "H3 long convolution"])
+def test_step_rows_keeps_its_kernel_operands_only_while_weights_and_tables_stay(kind):
+    """DLR and H3 keep their kernels' operands (``TokenMixer._kept_rows_kernel``) between steps on the same tables
+    and weights, and form them anew after an in-place change of the weights (as an optimizer step makes) and for
+    tables that lie elsewhere: every step equals the protocol's oracle stepping copies of the same tables alongside."""
+    torch.manual_seed(0)
+    mixer = DLRMixer(12, state_size=5).eval() if kind == "DLR" else _h3(kind.removeprefix("H3 "))
     g = torch.Generator().manual_seed(2)
-    ours = {}
-    for name, (shape, dtype) in mixer.state_layout(9).items():
-        ours[name] = (
-            torch.randn(shape, dtype=dtype, generator=g) if dtype.is_complex else torch.randn(shape, generator=g)
-        )
+    layout = mixer.state_layout(9).items()
+    ours = {name: torch.randn(shape, dtype=dtype, generator=g) for name, (shape, dtype) in layout}
     reference = {name: t.clone() for name, t in ours.items()}
     rows, new = torch.tensor([8, 0, 3]), torch.tensor([False, True, False])
 
@@ -355,7 +353,7 @@ def test_h3_step_rows_keeps_its_kernel_operands_only_while_weights_and_tables_st
         for name in ours:
             got, expected = (torch.view_as_real(t) if t.is_complex() else t for t in (ours[name], reference[name]))
             torch.testing.assert_close(got, expected, rtol=0, atol=64 * EPS32 * (expected.abs().amax().item() + 1))
-        return mixer.__dict__["_kept_rows_convolution_entry"]
+        return mixer.__dict__["_kept_rows_kernel_entry"]
 
     first = step_and_compare()
     assert step_and_compare() is first  # the same weights and tables: kept

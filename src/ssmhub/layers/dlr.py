@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.diagonal_rows import diagonal_step_rows_, kernel_available
+from ..ops.diagonal_rows import DiagonalRowsStep, kernel_available
 from ..ops.dlr import (
     dlr_init,
     dlr_kernel,
@@ -219,17 +219,25 @@ class DLRMixer(TokenMixer):
         return self.causal and self.ssm.weight.device.type == "cpu" and kernel_importable()
 
     def step_rows_(self, x_t, tables, rows, new, coefficients=None, step=None):
-        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` by one pass over the rows' states in place
-        (:func:`~ssmhub.ops.diagonal_rows.diagonal_step_rows_`, Eq. 1) where the kernel can run and no gradient
-        is asked for; else the protocol's gather, step and write-back, the kernel's oracle."""
+        """:meth:`~ssmhub.layers.mixer.TokenMixer.step_rows_` by one pass over the rows' states in place (Eq. 1, a
+        :class:`~ssmhub.ops.diagonal_rows.DiagonalRowsStep` kept between steps) where the kernel can run and no
+        gradient is asked for; else the protocol's gather, step and write-back, the kernel's oracle."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
-        if step is not None or self._gradient_asked(x_t, c) or not kernel_available(tables["dlr_state"]):
+        kernel = None if step is not None else self._kept_rows_kernel(tables, c, lambda: self._rows_kernel(tables, c))
+        if kernel is None or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
-        lam, weights = (c["lambda_re"], c["lambda_im"]), (c["w_re"], c["w_im"])
-        z_re, z_im = diagonal_step_rows_(tables["dlr_state"], rows, new, x_t, lam, weights)  # (R, H) each
+        z_re, z_im = kernel(rows, new, x_t)  # (R, H) each
         y_t = z_re if self._readout == "real" else 0.5 * z_im
         return self._output(x_t.unsqueeze(1), y_t.unsqueeze(1))[:, 0]
+
+    @staticmethod
+    def _rows_kernel(tables, c):
+        """The state's :class:`~ssmhub.ops.diagonal_rows.DiagonalRowsStep`, or None where the kernel cannot run."""
+        table = tables["dlr_state"]
+        if not kernel_available(table):
+            return None
+        return DiagonalRowsStep(table, (c["lambda_re"], c["lambda_im"]), (c["w_re"], c["w_im"]))
 
     def _step_with(self, x_t, state, mask_t, coefficients):
         y_t, new_state = dlr_step_with(x_t, state["dlr_state"], coefficients, self._readout)

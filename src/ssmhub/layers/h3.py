@@ -56,7 +56,6 @@ from .h3_convolutions import DistilledConvolution, long_convolution
 from .h3_distillation import DistillationReport, HeadFits, ModalForm, check_distill_request
 from .h3_options import H3Options
 from .longconv import LongConvKernel
-from .memo import can_keep, kept
 from .mixer import TokenMixer
 
 __all__ = ["DistillationReport", "H3Mixer", "H3Options"]
@@ -273,21 +272,11 @@ class H3Mixer(TokenMixer):
         run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
         one_pass = step is None and self.steps_rows_in_one_pass  # ``step``: a compiled stand-in for the step
-        conv = self._kept_rows_convolution(tables, c) if one_pass else None
+        conv = self._kept_rows_kernel(tables, c, lambda: self._rows_convolution(tables, c)) if one_pass else None
         if conv is None or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         return self.out_proj(conv(rows, new, self.in_proj(x_t).float()).to(x_t.dtype))  # (R, 3d) -> o (R, d)
-
-    def _kept_rows_convolution(self, tables, c):
-        """:meth:`_rows_convolution`, kept between steps while the coefficients are the same dict
-        (:meth:`kept_step_coefficients` forms a new one when a weight changes) and the tables lie where they lay:
-        a step then hands its kernel only its rows and inputs. The entry holds ``c``, so no other dict takes its
-        id while it is kept."""
-        if not can_keep():
-            return self._rows_convolution(tables, c)
-        key = (id(c), *((t.data_ptr(), t.shape, t.stride()) for t in tables.values()))
-        return kept(self, "_kept_rows_convolution_entry", key, lambda: (c, self._rows_convolution(tables, c)))[1]
 
     def _rows_convolution(self, tables, c):
         """(rows, new, qkv (R, 3d): q, k before the shift, v) -> o (R, d): the shift and the long convolution's

@@ -190,6 +190,17 @@ class TokenMixer(nn.Module):
             table.index_copy_(0, rows, state[name].to(table.dtype))
         return y_t
 
+    def _kept_rows_kernel(self, tables: MixerState, coefficients: MixerState, build):
+        """``build()``: a :meth:`step_rows_` kernel's operands for these tables and coefficients, kept between steps
+        while the coefficients are the same dict (:meth:`kept_step_coefficients` forms a new one when a weight
+        changes) and every table lies where it lay, so that a step hands its kernel only its rows and inputs; formed
+        anew while :func:`~ssmhub.layers.memo.can_keep` says no. The entry holds ``coefficients``, so no other dict
+        takes its id while it is kept."""
+        if not can_keep():
+            return build()
+        key = (id(coefficients), *((t.data_ptr(), t.shape, t.stride()) for t in tables.values()))
+        return kept(self, "_kept_rows_kernel_entry", key, lambda: (coefficients, build()))[1]
+
     @property
     def steps_rows_in_one_pass(self) -> bool:
         """Whether :meth:`step_rows_` runs a kernel of the mixer's own that reads and writes each row's state once

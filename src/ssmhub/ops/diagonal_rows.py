@@ -30,7 +30,14 @@ import torch
 from .row_tables import flat_rows, rows_kernel_usable
 from .window_rows import kernel_taps, window_kernel_available
 
-__all__ = ["ModalRowsStep", "diagonal_step_rows_", "kernel_available", "modal_kernel_available", "modal_kv_step_rows_"]
+__all__ = [
+    "DiagonalRowsStep",
+    "ModalRowsStep",
+    "diagonal_step_rows_",
+    "kernel_available",
+    "modal_kernel_available",
+    "modal_kv_step_rows_",
+]
 
 
 def kernel_available(table: torch.Tensor) -> bool:
@@ -57,7 +64,8 @@ def diagonal_step_rows_(
     lam: tuple[torch.Tensor, torch.Tensor],
     weights: tuple[torch.Tensor, torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of ``x = λ x + u``, ``z = Σ_n w_n x[n]`` for the table rows ``rows``, updated in place.
+    """One step of ``x = λ x + u``, ``z = Σ_n w_n x[n]`` for the table rows ``rows``, updated in place: one call of
+    :class:`DiagonalRowsStep`, which a decode loop keeps between steps instead.
 
     Args:
         table: (slots, H, 2, N) float32 state planes (Re, Im) of every slot; only the rows in ``rows`` change.
@@ -68,24 +76,42 @@ def diagonal_step_rows_(
             each (H, N).
     Returns: (Re z, Im z), (R, H) float32 each.
     """
-    if not kernel_available(table):
-        raise ValueError(f"the kernel needs a float32 CPU table (slots, H, 2, N), each slot's planes contiguous, and "
-                         f"numba, outside torch.compile; got {table.dtype} {tuple(table.shape)} with strides "
-                         f"{table.stride()} on {table.device}")  # fmt: skip
-    num_rows, channels, modes = rows.shape[0], table.shape[1], table.shape[3]
-    if u_t.shape != (num_rows, channels) or new.shape != (num_rows,):
-        raise ValueError(f"u_t must be ({num_rows}, {channels}) and new ({num_rows},); got {tuple(u_t.shape)} and "
-                         f"{tuple(new.shape)}")  # fmt: skip
-    from .row_kernels import diagonal_step_rows, use_torch_threads  # imports numba, at the first call
+    return DiagonalRowsStep(table, lam, weights)(rows, new, u_t)
 
-    use_torch_threads()
-    lam = [t.float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) shared, or (H, N)
-    weights = [t.float().expand(channels, modes).contiguous().numpy() for t in weights]  # (H, N) each
-    z_re, z_im = torch.empty(2, num_rows, channels, device=table.device)  # (R, H) float32 each
-    tile = max(1, _TILE_FLOATS // (2 * modes))  # channels whose read-out weights stay in L2 while every row reads them
-    diagonal_step_rows(*flat_rows(table), rows.long().numpy(), new.bool().numpy(), u_t.detach().float().numpy(),
-              *lam, *weights, z_re.numpy(), z_im.numpy(), tile)  # fmt: skip
-    return z_re, z_im
+
+class DiagonalRowsStep:
+    """:func:`diagonal_step_rows_` for one state table and one λ and w, with what depends only on them (the table as
+    the kernel reads it, λ and w as numpy planes) formed and checked once, as :class:`ModalRowsStep` does for H3:
+    a decode loop keeps one per layer while neither changes. The arguments are :func:`diagonal_step_rows_`'s, read
+    as they are now: when the weights or the table change, form a new one."""
+
+    def __init__(self, table, lam, weights):
+        if not kernel_available(table):
+            raise ValueError(f"the kernel needs a float32 CPU table (slots, H, 2, N), each slot's planes contiguous, "
+                             f"and numba, outside torch.compile; got {table.dtype} {tuple(table.shape)} with strides "
+                             f"{table.stride()} on {table.device}")  # fmt: skip
+        self.channels, modes = table.shape[1], table.shape[3]
+        self._lam = [t.detach().float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) or (H, N)
+        self._weights = [t.detach().float().expand(self.channels, modes).contiguous().numpy() for t in weights]
+        self._table = table  # keeps the memory the flat view below reads alive
+        self._flat = flat_rows(table)
+        self._tile = max(1, _TILE_FLOATS // (2 * modes))  # channels whose w stays in L2 while every row reads it
+
+    def __call__(self, rows: torch.Tensor, new: torch.Tensor, u_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows (R,) slots, new (R,) bool, u_t (R, H) -> (Re z, Im z) (R, H) float32 each; the rows' states updated
+        in place."""
+        num_rows = rows.shape[0]
+        if u_t.shape != (num_rows, self.channels) or new.shape != (num_rows,):
+            raise ValueError(f"u_t must be ({num_rows}, {self.channels}) and new ({num_rows},); got "
+                             f"{tuple(u_t.shape)} and {tuple(new.shape)}")  # fmt: skip
+        from .row_kernels import diagonal_step_rows, use_torch_threads  # imports numba, at the first call
+
+        use_torch_threads()
+        z_re, z_im = torch.empty(2, num_rows, self.channels, device=u_t.device)  # (R, H) float32 each
+        rows, new, u_t = rows.long().numpy(), new.bool().numpy(), u_t.detach().float().contiguous().numpy()
+        diagonal_step_rows(*self._flat, rows, new, u_t, *self._lam, *self._weights, z_re.numpy(), z_im.numpy(),
+                           self._tile)  # fmt: skip
+        return z_re, z_im
 
 
 def modal_kv_step_rows_(
