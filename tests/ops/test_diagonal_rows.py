@@ -5,6 +5,9 @@ channels and one per channel; and DLR's ``step_rows_`` against the mixer protoco
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from step_rows_helpers import in_engine_pages, pages_untouched, step_rows_both_ways
@@ -332,19 +335,22 @@ def test_h3_step_rows_equals_the_protocols_gather_step_and_write_back(kind, layo
 
 
 @pytest.mark.parametrize("kind", ["DLR", "H3 diagonal SSM", "H3 distilled", "H3 long convolution"])
-def test_step_rows_keeps_its_kernel_operands_only_while_weights_and_tables_stay(kind):
-    """DLR and H3 keep their kernels' operands (``TokenMixer._kept_rows_kernel``) between steps on the same tables
-    and weights, and form them anew after an in-place change of the weights (as an optimizer step makes) and for
-    tables that lie elsewhere: every step equals the protocol's oracle stepping copies of the same tables alongside."""
+def test_step_rows_keeps_its_kernel_operands_only_while_weights_and_layout_stay(kind):
+    """DLR and H3 keep their kernels' operands (``TokenMixer._kept_rows_kernel``) between steps on tables of one
+    layout and the same weights, wherever the tables lie, and form them anew after an in-place change of the weights
+    (as an optimizer step makes) and for tables of another layout; every step equals the protocol's oracle stepping
+    copies of the same tables alongside, and the mixer holds no table once a step is done."""
     torch.manual_seed(0)
     mixer = DLRMixer(12, state_size=5).eval() if kind == "DLR" else _h3(kind.removeprefix("H3 "))
     g = torch.Generator().manual_seed(2)
-    layout = mixer.state_layout(9).items()
-    ours = {name: torch.randn(shape, dtype=dtype, generator=g) for name, (shape, dtype) in layout}
-    reference = {name: t.clone() for name, t in ours.items()}
     rows, new = torch.tensor([8, 0, 3]), torch.tensor([False, True, False])
 
-    def step_and_compare():
+    def tables(slots):
+        layout = mixer.state_layout(slots).items()
+        return {name: torch.randn(shape, dtype=dtype, generator=g) for name, (shape, dtype) in layout}
+
+    def step_and_compare(ours):
+        reference = {name: t.clone() for name, t in ours.items()}
         x = torch.randn(3, 12, generator=g)
         with torch.no_grad():
             y = mixer.step_rows_(x, ours, rows, new)
@@ -355,15 +361,19 @@ def test_step_rows_keeps_its_kernel_operands_only_while_weights_and_tables_stay(
             torch.testing.assert_close(got, expected, rtol=0, atol=64 * EPS32 * (expected.abs().amax().item() + 1))
         return mixer.__dict__["_kept_rows_kernel_entry"]
 
-    first = step_and_compare()
-    assert step_and_compare() is first  # the same weights and tables: kept
+    kept_tables = tables(9)
+    first = step_and_compare(kept_tables)
+    assert step_and_compare(kept_tables) is first  # the same weights and tables: kept
+    assert step_and_compare(tables(9)) is first  # other tables of the same layout: kept, and stepped where they lie
     with torch.no_grad():
         for tensor in (*mixer.parameters(), *mixer.buffers()):
             if tensor.is_floating_point() or tensor.is_complex():
                 tensor.mul_(0.8)  # every weight changed in place, where it lies
-    after_update = step_and_compare()
+    after_update = step_and_compare(kept_tables)
     assert after_update is not first
-    left, before = ours, {name: t.clone() for name, t in ours.items()}
-    ours = {name: t.clone() for name, t in ours.items()}  # the same states, elsewhere
-    assert step_and_compare() is not after_update
-    assert all(torch.equal(left[name], before[name]) for name in left)  # the tables left behind did not change
+    last = tables(11)
+    assert step_and_compare(last) is not after_update  # more slots: another layout, its operands formed from it
+    gone = [weakref.ref(t) for t in last.values()]
+    del last
+    gc.collect()
+    assert all(ref() is None for ref in gone)  # the kept operands hold no table

@@ -227,7 +227,7 @@ class DLRMixer(TokenMixer):
         if kernel is None or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
-        z_re, z_im = kernel(rows, new, x_t)  # (R, H) each
+        z_re, z_im = kernel(tables["dlr_state"], rows, new, x_t)  # (R, H) each
         y_t = z_re if self._readout == "real" else 0.5 * z_im
         return self._output(x_t.unsqueeze(1), y_t.unsqueeze(1))[:, 0]
 

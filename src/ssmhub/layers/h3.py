@@ -276,45 +276,47 @@ class H3Mixer(TokenMixer):
         if conv is None or self._gradient_asked(x_t, c):
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
-        return self.out_proj(conv(rows, new, self.in_proj(x_t).float()).to(x_t.dtype))  # (R, 3d) -> o (R, d)
+        return self.out_proj(conv(tables, rows, new, self.in_proj(x_t).float()).to(x_t.dtype))  # (R, 3d) -> (R, d)
 
     def _rows_convolution(self, tables, c):
-        """(rows, new, qkv (R, 3d): q, k before the shift, v) -> o (R, d): the shift and the long convolution's
-        step on the table rows in place, or None where no kernel can update the long convolution's table."""
+        """(tables, rows, new, qkv (R, 3d): q, k before the shift, v) -> o (R, d): the shift and the long
+        convolution's step on the table rows in place, for tables laid out as ``tables`` (it holds none of them), or
+        None where no kernel can update the long convolution's table."""
         modal, window = self.convolution.single_modal_state(), self.convolution.single_window_state()
-        shift = (tables["shift_state"], c["shift.kernel"], c.get("shift.skip"))  # window table, taps, skip
+        taps, skip = c["shift.kernel"], c.get("shift.skip")
 
-        def shifted(rows, new, k):  # k (R, d) -> k̃ (R, d), the shift window stepped in place
-            return window_step_rows_(shift[0], rows, new, k, shift[1], shift[2])
+        def shifted(tables, rows, new, k):  # k (R, d) -> k̃ (R, d), the shift window stepped in place
+            return window_step_rows_(tables["shift_state"], rows, new, k, taps, skip)
 
         if modal is not None and modal_kernel_available(tables[modal[0]]):
             name, prefix = modal
             lam = (c[prefix + "lambda_re"], c[prefix + "lambda_im"])
             residues = (c[prefix + "residue_re"], c[prefix + "residue_im"])
             direct = c[prefix + "d"] + c[prefix + "skip"]
-            if window_kernel_available(shift[0]):  # the shift steps inside the modal kernel's call
-                return ModalRowsStep(tables[name], lam, residues, direct, shift)
+            if window_kernel_available(tables["shift_state"]):  # the shift steps inside the modal kernel's call
+                fused = ModalRowsStep(tables[name], lam, residues, direct, (tables["shift_state"], taps, skip))
+                return lambda tables, rows, new, qkv: fused(tables[name], rows, new, qkv, tables["shift_state"])
             modal_step = ModalRowsStep(tables[name], lam, residues, direct)
 
-            def shift_then_modal(rows, new, qkv):
+            def shift_then_modal(tables, rows, new, qkv):
                 q, k, v = qkv.chunk(3, dim=-1)  # (R, d) each
-                return modal_step(rows, new, torch.cat([q, shifted(rows, new, k), v], dim=-1))
+                return modal_step(tables[name], rows, new, torch.cat([q, shifted(tables, rows, new, k), v], dim=-1))
 
             return shift_then_modal
         blocks = window is not None and tables[window][0].is_contiguous()  # each slot's block: flattened as a view
-        table = tables[window].flatten(1, 3) if blocks else None  # (slots, d_h·d_h·H, L − 1)
-        if table is not None and window_kernel_available(table):
-            kernel, skip = c["kernel"], c["skip"]  # (H, L): channel (i, j, h) of the window takes head h's
+        if not (blocks and window_kernel_available(tables[window].flatten(1, 3))):  # (slots, d_h·d_h·H, L − 1)
+            return None
+        kernel, kernel_skip = c["kernel"], c["skip"]  # (H, L): channel (i, j, h) of the window takes head h's
 
-            def window_conv(rows, new, qkv):
-                def window_step(kv):  # (R, d_h, d_h, H) -> (R, d_h, d_h, H)
-                    return window_step_rows_(table, rows, new, kv.flatten(1), kernel, skip).view_as(kv), None
+        def window_conv(tables, rows, new, qkv):
+            def window_step(kv):  # (R, d_h, d_h, H) -> (R, d_h, d_h, H)
+                table = tables[window].flatten(1, 3)
+                return window_step_rows_(table, rows, new, kv.flatten(1), kernel, kernel_skip).view_as(kv), None
 
-                q, k, v = qkv.chunk(3, dim=-1)  # (R, d) each
-                return self._mix(q, shifted(rows, new, k), v, window_step)[0]
+            q, k, v = qkv.chunk(3, dim=-1)  # (R, d) each
+            return self._mix(q, shifted(tables, rows, new, k), v, window_step)[0]
 
-            return window_conv
-        return None
+        return window_conv
 
     def _step_with(self, x_t, state, mask_t, coefficients):
         q, k, v = self._qkv(x_t, mask_t)  # (B, d) each

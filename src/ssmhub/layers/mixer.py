@@ -48,6 +48,7 @@ import itertools
 import torch
 from torch import nn
 
+from ..ops.row_tables import table_layout
 from .memo import can_keep, kept, tensor_versions
 from .packing import PackedRows, Segments
 
@@ -191,14 +192,15 @@ class TokenMixer(nn.Module):
         return y_t
 
     def _kept_rows_kernel(self, tables: MixerState, coefficients: MixerState, build):
-        """``build()``: a :meth:`step_rows_` kernel's operands for these tables and coefficients, kept between steps
-        while the coefficients are the same dict (:meth:`kept_step_coefficients` forms a new one when a weight
-        changes) and every table lies where it lay, so that a step hands its kernel only its rows and inputs; formed
-        anew while :func:`~ssmhub.layers.memo.can_keep` says no. The entry holds ``coefficients``, so no other dict
-        takes its id while it is kept."""
+        """``build()``: a :meth:`step_rows_` kernel's operands for these coefficients and tables' layout, kept between
+        steps while the coefficients are the same dict (:meth:`kept_step_coefficients` forms a new one when a weight
+        changes) and every table is laid out as before (:func:`~ssmhub.ops.row_tables.table_layout`), so that a step
+        hands its kernel only its tables, rows and inputs; formed anew while :func:`~ssmhub.layers.memo.can_keep`
+        says no. What ``build`` returns must hold no table (a cache's states would outlive it); the entry holds
+        ``coefficients``, so no other dict takes its id while it is kept."""
         if not can_keep():
             return build()
-        key = (id(coefficients), *((t.data_ptr(), t.shape, t.stride()) for t in tables.values()))
+        key = (id(coefficients), *(table_layout(t) for t in tables.values()))
         return kept(self, "_kept_rows_kernel_entry", key, lambda: (coefficients, build()))[1]
 
     @property

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .row_tables import flat_rows, rows_kernel_usable
+from .row_tables import flat_rows, rows_kernel_usable, table_layout
 from .window_rows import kernel_taps, window_kernel_available
 
 __all__ = [
@@ -76,14 +76,14 @@ def diagonal_step_rows_(
             each (H, N).
     Returns: (Re z, Im z), (R, H) float32 each.
     """
-    return DiagonalRowsStep(table, lam, weights)(rows, new, u_t)
+    return DiagonalRowsStep(table, lam, weights)(table, rows, new, u_t)
 
 
 class DiagonalRowsStep:
-    """:func:`diagonal_step_rows_` for one state table and one λ and w, with what depends only on them (the table as
-    the kernel reads it, λ and w as numpy planes) formed and checked once, as :class:`ModalRowsStep` does for H3:
-    a decode loop keeps one per layer while neither changes. The arguments are :func:`diagonal_step_rows_`'s, read
-    as they are now: when the weights or the table change, form a new one."""
+    """:func:`diagonal_step_rows_` for one λ and w and one table layout, with what depends only on them (λ and w as
+    numpy planes, the table's checks) formed once, as :class:`ModalRowsStep` does for H3: a decode loop keeps one
+    per layer while neither changes. It holds no table: each call names the one it steps, which must be laid out as
+    the one it was formed for. The weights are read as they are now: when they change, form a new one."""
 
     def __init__(self, table, lam, weights):
         if not kernel_available(table):
@@ -93,13 +93,13 @@ class DiagonalRowsStep:
         self.channels, modes = table.shape[1], table.shape[3]
         self._lam = [t.detach().float().reshape(-1, modes).contiguous().numpy() for t in lam]  # (1, N) or (H, N)
         self._weights = [t.detach().float().expand(self.channels, modes).contiguous().numpy() for t in weights]
-        self._table = table  # keeps the memory the flat view below reads alive
-        self._flat = flat_rows(table)
+        self._layout = table_layout(table)
         self._tile = max(1, _TILE_FLOATS // (2 * modes))  # channels whose w stays in L2 while every row reads it
 
-    def __call__(self, rows: torch.Tensor, new: torch.Tensor, u_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """rows (R,) slots, new (R,) bool, u_t (R, H) -> (Re z, Im z) (R, H) float32 each; the rows' states updated
-        in place."""
+    def __call__(self, table, rows, new, u_t) -> tuple[torch.Tensor, torch.Tensor]:
+        """table (slots, H, 2, N) laid out as at forming, rows (R,) slots, new (R,) bool, u_t (R, H) -> (Re z, Im z)
+        (R, H) float32 each; the rows' states updated in place."""
+        _check_layout(table, self._layout, "table")
         num_rows = rows.shape[0]
         if u_t.shape != (num_rows, self.channels) or new.shape != (num_rows,):
             raise ValueError(f"u_t must be ({num_rows}, {self.channels}) and new ({num_rows},); got "
@@ -109,7 +109,7 @@ class DiagonalRowsStep:
         use_torch_threads()
         z_re, z_im = torch.empty(2, num_rows, self.channels, device=u_t.device)  # (R, H) float32 each
         rows, new, u_t = rows.long().numpy(), new.bool().numpy(), u_t.detach().float().contiguous().numpy()
-        diagonal_step_rows(*self._flat, rows, new, u_t, *self._lam, *self._weights, z_re.numpy(), z_im.numpy(),
+        diagonal_step_rows(*flat_rows(table), rows, new, u_t, *self._lam, *self._weights, z_re.numpy(), z_im.numpy(),
                            self._tile)  # fmt: skip
         return z_re, z_im
 
@@ -152,16 +152,17 @@ def modal_kv_step_rows_(
     if any(t.shape != q.shape for t in qkv):
         raise ValueError(f"k and v must be shaped as q {tuple(q.shape)}; got {[tuple(t.shape) for t in qkv]}")
     step = ModalRowsStep(table, lam, residues, direct, shift)
-    return step(rows, new, torch.stack(qkv, 1).flatten(1)).view_as(q)  # qkv: (R, 3, H, d_h) -> (R, 3·H·d_h)
+    qkv = torch.stack(qkv, 1).flatten(1)  # (R, 3, H, d_h) -> (R, 3·H·d_h)
+    return step(table, rows, new, qkv, None if shift is None else shift[0]).view_as(q)
 
 
 class ModalRowsStep:
-    """:func:`modal_kv_step_rows_` for one state table and one set of weights, with what depends only on them (the
-    table and the shift window as the kernel reads them, λ, the residues, D and the shift's taps as numpy arrays)
-    formed and checked once: a decode loop keeps one per layer while neither changes, and each step then hands the
-    kernel only its rows and its inputs (formed anew each call, those conversions and checks are Python work
-    repeated for every layer of every step). The arguments are :func:`modal_kv_step_rows_`'s, read as they are
-    now: when the weights or the table change, form a new one."""
+    """:func:`modal_kv_step_rows_` for one set of weights and one layout of the tables, with what depends only on
+    them (λ, the residues, D and the shift's taps as numpy arrays, the tables' checks) formed once: a decode loop
+    keeps one per layer while neither changes, and each step then hands the kernel only its tables, rows and inputs
+    (formed anew each call, those conversions and checks are Python work repeated for every layer of every step). It
+    holds no table: each call names the ones it steps, laid out as those it was formed for. The arguments are
+    :func:`modal_kv_step_rows_`'s, the weights read as they are now: when they change, form a new one."""
 
     def __init__(self, table, lam, residues, direct, shift=None):
         if not modal_kernel_available(table):
@@ -177,13 +178,15 @@ class ModalRowsStep:
                              f"for a table {tuple(table.shape)}; got {[tuple(t.shape) for t in planes]}")  # fmt: skip
         self._shift = _shift_operands(shift, slots, self.heads * self.width)  # checked before any state changes
         self._planes = [t.detach().float().contiguous().numpy() for t in planes]  # (H, N) each, D (H,)
-        self._table = table  # keeps the memory the flat view below reads alive
-        self._flat = flat_rows(torch.view_as_real(table.detach()))
+        self._layouts = table_layout(table), table_layout(None if shift is None else shift[0])
         self._tile = max(1, _TILE_FLOATS // (4 * modes))  # heads whose λ and residues stay in L2 for every row
 
-    def __call__(self, rows: torch.Tensor, new: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        """rows (R,) slots, new (R,) bool, qkv (R, 3·H·d_h): q, k and v side by side (an input projection's output
-        as it is; float32) -> o (R, H·d_h) float32; the rows' states updated in place."""
+    def __call__(self, table, rows, new, qkv, shift_table=None) -> torch.Tensor:
+        """table and shift_table (the shift's window table, None without a shift) laid out as at forming, rows (R,)
+        slots, new (R,) bool, qkv (R, 3·H·d_h): q, k and v side by side (an input projection's output as it is;
+        float32) -> o (R, H·d_h) float32; the rows' states updated in place."""
+        _check_layout(table, self._layouts[0], "table")
+        _check_layout(shift_table, self._layouts[1], "shift_table")
         num_rows, channels = rows.shape[0], self.heads * self.width
         if qkv.shape != (num_rows, 3 * channels) or new.shape != (num_rows,) or rows.dim() != 1:
             raise ValueError(f"qkv must be ({num_rows}, {3 * channels}) and new ({num_rows},) for rows "
@@ -193,19 +196,20 @@ class ModalRowsStep:
         use_torch_threads()
         qkv = qkv.detach().float().contiguous().view(num_rows, 3, self.heads, self.width)  # [r, q|k|v, h, i]
         k_shift, out = torch.empty(2, num_rows, self.heads, self.width, device=qkv.device)  # (R, H, d_h) each
-        shift_table, shift_stride, window, taps, current = self._shift
-        rows, new = rows.long().numpy(), new.bool().numpy()
-        modal_step_rows(*self._flat, shift_table, shift_stride, window, rows, new, qkv.numpy(), taps, current,
-                        *self._planes, k_shift.numpy(), out.numpy(), self._tile)  # fmt: skip
+        window, taps, current = self._shift
+        shifts = (np.zeros(1, np.float32), 0) if shift_table is None else flat_rows(shift_table)  # (flat, stride)
+        rows, new, table = rows.long().numpy(), new.bool().numpy(), torch.view_as_real(table.detach())
+        modal_step_rows(*flat_rows(table), *shifts, window, rows, new, qkv.numpy(), taps, current, *self._planes,
+                        k_shift.numpy(), out.numpy(), self._tile)  # fmt: skip
         return out.view(num_rows, channels)
 
 
 def _shift_operands(shift, slots: int, channels: int):
-    """``modal_kv_step_rows_``'s shift as the kernel takes it: (flat window table, slot stride, window M, taps
+    """``modal_kv_step_rows_``'s shift as the kernel takes it, but for its window table: (window M, taps
     (channels, ≥ M + 1) float32, current-input weights (channels,)); no shift is a window of none with unit
     weights (k as it is). A ValueError naming what differs, before any work."""
     if shift is None:
-        return np.zeros(1, np.float32), 0, 0, np.ones((channels, 1), np.float32), np.ones(channels, np.float32)
+        return 0, np.ones((channels, 1), np.float32), np.ones(channels, np.float32)
     table, taps, skip = shift
     if not window_kernel_available(table) or table.shape[:2] != (slots, channels):
         raise ValueError(f"shift's window table must be a float32 CPU table ({slots}, {channels}, M), each slot's "
@@ -214,4 +218,12 @@ def _shift_operands(shift, slots: int, channels: int):
     if taps.shape[0] != channels or taps.dim() != 2 or (skip is not None and skip.shape != (channels,)):
         raise ValueError(f"shift's taps must be ({channels}, K) and its skip ({channels},) or None; got "
                          f"{tuple(taps.shape)} and {None if skip is None else tuple(skip.shape)}")  # fmt: skip
-    return (*flat_rows(table), window, *kernel_taps(taps, skip, window))
+    return (window, *kernel_taps(taps, skip, window))
+
+
+def _check_layout(table, layout, name: str) -> None:
+    """A ValueError unless ``table`` has ``layout`` (:func:`~ssmhub.ops.row_tables.table_layout`), the one a step
+    was formed and checked for."""
+    if table_layout(table) != layout:
+        raise ValueError(f"{name} must be laid out as the one this step was formed for, {layout}; got "
+                         f"{table_layout(table)}")  # fmt: skip

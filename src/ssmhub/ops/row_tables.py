@@ -23,7 +23,7 @@ import importlib.util
 
 import torch
 
-__all__ = ["check_row_operands", "flat_rows", "import_numba", "kernel_importable", "rows_kernel_usable"]
+__all__ = ["check_row_operands", "flat_rows", "import_numba", "kernel_importable", "rows_kernel_usable", "table_layout"]
 
 
 @functools.cache
@@ -86,3 +86,9 @@ def flat_rows(table: torch.Tensor):
     slots, stride = table.shape[0], table.stride(0)
     span = (slots - 1) * stride + table[0].numel() if slots else 0
     return table.detach().as_strided((span,), (1,), table.storage_offset()).numpy(), stride
+
+
+def table_layout(table: torch.Tensor | None) -> tuple | None:
+    """What a kernel's checks of ``table`` depend on (shape, strides, dtype, device), not where it lies: a step formed
+    and checked for one table serves any other of the same layout."""
+    return None if table is None else (table.shape, table.stride(), table.dtype, table.device)
