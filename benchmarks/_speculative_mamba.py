@@ -118,7 +118,7 @@ def mamba_peer_rows(args) -> tuple[list[list[str]], str]:
              for m, model in models.items() for k, extra in methods.items()}  # fmt: skip
     seconds = {key: [] for key in first}
     for _ in range(args.repeats):
-        for (m, k) in first:
+        for m, k in first:
             seconds[m, k].append(run_once(models[m], prompt, args.new_tokens, methods[k])[1])
     reference = first["transformers Mamba", "greedy"][0]
     rows = []

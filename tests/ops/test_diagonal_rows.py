@@ -105,6 +105,9 @@ def test_a_table_it_cannot_update_is_refused_naming_what_it_needs():
     with pytest.raises(ValueError, match="u_t must be"):
         diagonal_step_rows_(torch.zeros(2, 3, 2, 4), torch.tensor([0]), torch.tensor([False]), torch.zeros(1, 5),
                             (torch.zeros(4),) * 2, (torch.zeros(3, 4),) * 2)  # fmt: skip
+    with pytest.raises(ValueError, match=r"for rows \(1, 1\)"):  # rows must be (R,), one slot per row
+        diagonal_step_rows_(torch.zeros(2, 3, 2, 4), torch.tensor([[0]]), torch.tensor([False]), torch.zeros(1, 3),
+                            (torch.zeros(4),) * 2, (torch.zeros(3, 4),) * 2)  # fmt: skip
 
 
 @pytest.mark.parametrize("kernel_type", ["real", "prod"])

@@ -66,7 +66,7 @@ def _tolerances(table, rows, new, o):
     modes = table.shape[-1]
     magnitude = old + drive
     y_tol = (modes * state_tol + (modes + 4) * EPS32 * modes * magnitude) * o["C"].abs().amax()
-    y_tol = (y_tol + 4 * EPS32 * (modes * magnitude * o["C"].abs().amax() + o["D"].abs().amax() * o["x"].abs().amax()))
+    y_tol = y_tol + 4 * EPS32 * (modes * magnitude * o["C"].abs().amax() + o["D"].abs().amax() * o["x"].abs().amax())
     return state_tol.item(), y_tol.item() * o["z"].abs().amax().item()
 
 

@@ -101,9 +101,9 @@ class DiagonalRowsStep:
         (R, H) float32 each; the rows' states updated in place."""
         _check_layout(table, self._layout, "table")
         num_rows = rows.shape[0]
-        if u_t.shape != (num_rows, self.channels) or new.shape != (num_rows,):
-            raise ValueError(f"u_t must be ({num_rows}, {self.channels}) and new ({num_rows},); got "
-                             f"{tuple(u_t.shape)} and {tuple(new.shape)}")  # fmt: skip
+        if u_t.shape != (num_rows, self.channels) or new.shape != (num_rows,) or rows.dim() != 1:
+            raise ValueError(f"u_t must be ({num_rows}, {self.channels}) and new ({num_rows},) for rows "
+                             f"{tuple(rows.shape)}; got {tuple(u_t.shape)} and {tuple(new.shape)}")  # fmt: skip
         from .row_kernels import diagonal_step_rows, use_torch_threads  # imports numba, at the first call
 
         use_torch_threads()
