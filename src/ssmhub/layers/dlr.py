@@ -223,8 +223,9 @@ class DLRMixer(TokenMixer):
         :class:`~ssmhub.ops.diagonal_rows.DiagonalRowsStep` kept between steps) where the kernel can run and no
         gradient is asked for; else the protocol's gather, step and write-back, the kernel's oracle."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
-        kernel = None if step is not None else self._kept_rows_kernel(tables, c, lambda: self._rows_kernel(tables, c))
-        if kernel is None or self._gradient_asked(x_t, c):
+        protocol = step is not None or self._gradient_asked(x_t, c)  # asked first: no kernel is formed for nothing
+        kernel = None if protocol else self._kept_rows_kernel(tables, c, lambda: self._rows_kernel(tables, c))
+        if kernel is None:
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         z_re, z_im = kernel(tables["dlr_state"], rows, new, x_t)  # (R, H) each

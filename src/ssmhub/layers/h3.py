@@ -272,8 +272,9 @@ class H3Mixer(TokenMixer):
         run or a gradient is asked for."""
         c = self.kept_step_coefficients() if coefficients is None else coefficients
         one_pass = step is None and self.steps_rows_in_one_pass  # ``step``: a compiled stand-in for the step
+        one_pass = one_pass and not self._gradient_asked(x_t, c)  # asked first: no kernel is formed for nothing
         conv = self._kept_rows_kernel(tables, c, lambda: self._rows_convolution(tables, c)) if one_pass else None
-        if conv is None or self._gradient_asked(x_t, c):
+        if conv is None:
             return super().step_rows_(x_t, tables, rows, new, c, step)
         self._check_step_input(x_t)
         return self.out_proj(conv(tables, rows, new, self.in_proj(x_t).float()).to(x_t.dtype))  # (R, 3d) -> (R, d)
